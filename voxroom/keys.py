@@ -1,0 +1,57 @@
+"""Every Redis key voxroom uses, in one place.
+
+Operators read these with ``redis-cli`` (see docs/operations.md). All keys share the ``vx:`` prefix
+so that one ``SCAN MATCH vx:*`` shows everything voxroom owns.
+
+=====================================  ========  ====================================================
+key                                    type      what
+=====================================  ========  ====================================================
+``vx:jobs``                            stream    work queue: one entry per utterance, consumer group
+                                                 ``workers``; XACK after the audio is published
+``vx:room:{room}:utt``                 stream    the room's utterance log (seq, text, voice, sender,
+                                                 time), text fields only, ``MAXLEN ~``
+``vx:room:{room}:out``                 stream    the room's output: ``start`` / ``chunk`` / ``end``
+                                                 entries; audio bytes only in the ``pcm`` field
+``vx:room:{room}:seq``                 string    last room-level utterance sequence number (INCR)
+``vx:room:{room}:clock``               hash      ``next`` (seq allowed to play next), ``end_ms``
+                                                 (room-clock time the last utterance ends)
+``vx:room:{room}:senders``             hash      sender id -> last client ``seq`` accepted (dedupe)
+``vx:rooms``                           zset      room -> last activity (ms); for ``voxroom rooms``
+``vx:worker:{id}``                     hash      worker heartbeat: contexts, load, time (with TTL)
+=====================================  ========  ====================================================
+"""
+
+from __future__ import annotations
+
+PREFIX = "vx"
+JOBS = f"{PREFIX}:jobs"
+JOBS_GROUP = "workers"
+ROOMS = f"{PREFIX}:rooms"
+
+
+def room_utterances(room: str) -> str:
+    return f"{PREFIX}:room:{room}:utt"
+
+
+def room_output(room: str) -> str:
+    return f"{PREFIX}:room:{room}:out"
+
+
+def room_seq(room: str) -> str:
+    return f"{PREFIX}:room:{room}:seq"
+
+
+def room_clock(room: str) -> str:
+    return f"{PREFIX}:room:{room}:clock"
+
+
+def room_senders(room: str) -> str:
+    return f"{PREFIX}:room:{room}:senders"
+
+
+def worker_heartbeat(worker_id: str) -> str:
+    return f"{PREFIX}:worker:{worker_id}"
+
+
+def worker_pattern() -> str:
+    return f"{PREFIX}:worker:*"

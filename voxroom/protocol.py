@@ -1,0 +1,320 @@
+"""The wire protocol, sans I/O: bytes and strings in, typed messages out (and back).
+
+This module imports no asyncio, starlette or redis, so that it can be tested by feeding it bytes
+and reused by any transport. docs/protocol.md describes the same thing for client authors.
+
+Control messages are JSON objects in text frames; a client may send the same objects msgpack-encoded
+in binary frames instead. Audio goes from server to client only, as binary frames laid out by
+:class:`AudioFrame` (fixed 32-byte big-endian header, the room id, then the payload).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from dataclasses import dataclass
+from typing import Any, Final, Literal, TypedDict
+
+import msgpack
+
+PROTOCOL_VERSION: Final = 1
+ROOM_RATE: Final = 24_000
+"""Every room plays at 24 kHz (ChatTTS's native rate); engines are resampled to it."""
+SLICE_MS: Final = 40
+SLICE_SAMPLES: Final = ROOM_RATE * SLICE_MS // 1000
+
+MAX_TEXT_CHARS: Final = 500
+MAX_FRAME_BYTES: Final = 8 * 1024
+MAX_VOICE_CHARS: Final = 64
+MAX_SEQ: Final = 2**53 - 1  # JSON-safe integer range: JavaScript clients must round-trip it.
+ROOM_ID_RE: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+VOICE_RE: Final = re.compile(r"^[A-Za-z0-9_.:+-]{1,64}$")
+
+CODEC_PCM16: Final = 0
+CODEC_OPUS: Final = 1
+CODEC_NAMES: Final = {CODEC_PCM16: "pcm16", CODEC_OPUS: "opus"}
+
+FLAG_FIRST: Final = 0x01
+FLAG_LAST: Final = 0x02
+
+
+class ErrorCode:
+    """Error codes carried by ``error`` messages. Clients switch on these strings."""
+
+    BAD_JSON: Final = "bad_json"  # the text frame is not a JSON object
+    BAD_MSGPACK: Final = "bad_msgpack"  # the binary frame is not a msgpack map (closes with 1003)
+    BAD_MESSAGE: Final = "bad_message"  # a field is missing or has the wrong type or range
+    UNKNOWN_TYPE: Final = "unknown_type"
+    TEXT_TOO_LONG: Final = "text_too_long"
+    EMPTY_TEXT: Final = "empty_text"
+    UNKNOWN_VOICE: Final = "unknown_voice"
+    FRAME_TOO_LARGE: Final = "frame_too_large"
+    DUPLICATE: Final = "duplicate"  # a say whose seq was already accepted: ignored, not spoken twice
+    BUSY: Final = "busy"  # the room or the pool is full: retry after ``retry_after_ms``
+    RATE_LIMITED: Final = "rate_limited"
+    FORBIDDEN: Final = "forbidden"  # e.g. a listener token tried to speak
+    SYNTHESIS_FAILED: Final = "synthesis_failed"
+    INTERNAL: Final = "internal"
+
+
+class CloseCode:
+    """WebSocket close codes the gateway uses (RFC 6455 section 7.4 and the IANA registry)."""
+
+    NORMAL: Final = 1000
+    GOING_AWAY: Final = 1001
+    UNSUPPORTED_DATA: Final = 1003  # binary garbage on the control channel
+    POLICY_VIOLATION: Final = 1008  # bad room id, bad or missing token, origin refused
+    MESSAGE_TOO_BIG: Final = 1009
+    INTERNAL_ERROR: Final = 1011
+    SERVICE_RESTART: Final = 1012  # graceful shutdown: reconnect at once
+    TRY_AGAIN_LATER: Final = 1013  # gateway full: reconnect with backoff
+
+
+class ProtocolError(Exception):
+    """A client message that cannot be accepted. ``fatal`` errors close the connection."""
+
+    def __init__(self, code: str, message: str, *, seq: int | None = None, fatal: bool = False) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.seq = seq
+        self.fatal = fatal
+
+
+# ---------------------------------------------------------------------------------------------
+# Client -> server messages
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Say:
+    """Speak ``text`` to the room. ``seq`` is the sender's own counter: strictly increasing per
+    connection identity; a repeated or older ``seq`` is ignored (idempotent resend)."""
+
+    seq: int
+    text: str
+    voice: str | None = None
+    type: Literal["say"] = "say"
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    """Clock probe: the server answers ``pong`` with its room-clock time."""
+
+    t: float | None = None
+    type: Literal["ping"] = "ping"
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """After a reconnect: replay the room's audio after (utterance ``seq``, ``chunk``)."""
+
+    seq: int
+    chunk: int
+    type: Literal["resume"] = "resume"
+
+
+ClientMessage = Say | Ping | Resume
+
+
+def decode_client_frame(data: str | bytes) -> dict[str, Any]:
+    """Turn one WebSocket frame into a raw message object.
+
+    Text frames are JSON; binary frames are msgpack. Raises :class:`ProtocolError` with
+    ``BAD_JSON`` (recoverable) or ``BAD_MSGPACK`` (fatal: binary garbage closes with 1003), or
+    ``FRAME_TOO_LARGE``.
+    """
+    size = len(data.encode("utf-8") if isinstance(data, str) else data)
+    if size > MAX_FRAME_BYTES:
+        raise ProtocolError(ErrorCode.FRAME_TOO_LARGE, f"frame of {size} bytes exceeds {MAX_FRAME_BYTES}")
+    if isinstance(data, str):
+        try:
+            obj = json.loads(data)
+        except (ValueError, RecursionError) as exc:
+            raise ProtocolError(ErrorCode.BAD_JSON, f"not JSON: {exc}") from None
+        if not isinstance(obj, dict):
+            raise ProtocolError(ErrorCode.BAD_JSON, "a message must be a JSON object")
+        return obj
+    try:
+        obj = msgpack.unpackb(data, raw=False, strict_map_key=True, max_buffer_size=MAX_FRAME_BYTES)
+    except Exception as exc:  # msgpack raises a zoo of types (ExtraData, FormatError, ValueError...)
+        raise ProtocolError(ErrorCode.BAD_MSGPACK, f"binary frame is not msgpack: {type(exc).__name__}",
+                            fatal=True) from None
+    if not isinstance(obj, dict):
+        raise ProtocolError(ErrorCode.BAD_MSGPACK, "a msgpack message must be a map", fatal=True)
+    return obj
+
+
+def _int_field(obj: dict[str, Any], name: str, *, minimum: int = 0) -> int:
+    value = obj.get(name)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, f"'{name}' must be an integer")
+    if not minimum <= value <= MAX_SEQ:
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, f"'{name}' must be between {minimum} and {MAX_SEQ}")
+    return value
+
+
+def parse_client_message(obj: dict[str, Any]) -> ClientMessage:
+    """Validate a raw message object. Raises :class:`ProtocolError` naming the first problem."""
+    kind = obj.get("type")
+    if kind == "say":
+        seq = _int_field(obj, "seq", minimum=1)
+        text = obj.get("text")
+        if not isinstance(text, str):
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, "'text' must be a string", seq=seq)
+        text = text.strip()
+        if not text:
+            raise ProtocolError(ErrorCode.EMPTY_TEXT, "'text' is empty", seq=seq)
+        if len(text) > MAX_TEXT_CHARS:
+            raise ProtocolError(ErrorCode.TEXT_TOO_LONG,
+                                f"text has {len(text)} characters; the limit is {MAX_TEXT_CHARS}", seq=seq)
+        voice = obj.get("voice")
+        if voice is not None and (not isinstance(voice, str) or not VOICE_RE.match(voice)):
+            raise ProtocolError(ErrorCode.UNKNOWN_VOICE, "'voice' must be a catalog voice id", seq=seq)
+        return Say(seq=seq, text=text, voice=voice)
+    if kind == "ping":
+        t = obj.get("t")
+        if t is not None and (isinstance(t, bool) or not isinstance(t, int | float)):
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, "'t' must be a number")
+        return Ping(t=float(t) if t is not None else None)
+    if kind == "resume":
+        return Resume(seq=_int_field(obj, "seq"), chunk=_int_field(obj, "chunk"))
+    if not isinstance(kind, str):
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, "'type' must be a string")
+    raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown message type {kind[:32]!r}")
+
+
+def valid_room_id(room: str) -> bool:
+    return bool(ROOM_ID_RE.match(room))
+
+
+# ---------------------------------------------------------------------------------------------
+# Server -> client control messages (JSON text frames)
+# ---------------------------------------------------------------------------------------------
+
+
+class Welcome(TypedDict):
+    type: Literal["welcome"]
+    protocol: int
+    room: str
+    client: str
+    sample_rate: int
+    slice_ms: int
+    voice: str
+    server_ms: float
+
+
+class Accepted(TypedDict):
+    type: Literal["accepted"]
+    seq: int  # the client's seq
+    utterance: int  # the room-level seq it was given
+
+
+class Start(TypedDict):
+    type: Literal["start"]
+    utterance: int
+    sender: str
+    voice: str
+    text: str
+    pts_ms: float
+    sample_rate: int
+
+
+class End(TypedDict):
+    type: Literal["end"]
+    utterance: int
+    chunks: int
+    duration_ms: float
+    status: Literal["ok", "failed", "skipped"]
+
+
+class Error(TypedDict, total=False):
+    type: Literal["error"]
+    code: str
+    message: str
+    seq: int
+    retry_after_ms: int
+
+
+class Pong(TypedDict):
+    type: Literal["pong"]
+    t: float | None
+    server_ms: float
+
+
+ServerMessage = Welcome | Accepted | Start | End | Error | Pong
+
+
+def encode_server_message(msg: ServerMessage) -> str:
+    return json.dumps(msg, ensure_ascii=False, separators=(",", ":"))
+
+
+def error_message(code: str, message: str, *, seq: int | None = None,
+                  retry_after_ms: int | None = None) -> Error:
+    err: Error = {"type": "error", "code": code, "message": message}
+    if seq is not None:
+        err["seq"] = seq
+    if retry_after_ms is not None:
+        err["retry_after_ms"] = retry_after_ms
+    return err
+
+
+# ---------------------------------------------------------------------------------------------
+# Audio frames (binary, server -> client)
+# ---------------------------------------------------------------------------------------------
+
+AUDIO_MAGIC: Final = b"VX"
+_HEADER = struct.Struct(">2sBBBBHIIIQI")
+AUDIO_HEADER_BYTES: Final = _HEADER.size  # 32
+
+
+@dataclass(frozen=True, slots=True)
+class AudioFrame:
+    """One slice of a room's audio.
+
+    ``seq`` is the room-level utterance number, ``chunk`` the slice index inside it (from 0),
+    ``pts_us`` the presentation time on the room clock (microseconds since the Unix epoch, as
+    kept by the server), ``samples`` the slice length in samples per channel.
+    """
+
+    room: str
+    seq: int
+    chunk: int
+    pts_us: int
+    sample_rate: int
+    samples: int
+    payload: bytes
+    codec: int = CODEC_PCM16
+    channels: int = 1
+    first: bool = False
+    last: bool = False
+
+    @property
+    def duration_us(self) -> int:
+        return self.samples * 1_000_000 // self.sample_rate
+
+    def encode(self) -> bytes:
+        room = self.room.encode("utf-8")
+        flags = (FLAG_FIRST if self.first else 0) | (FLAG_LAST if self.last else 0)
+        header = _HEADER.pack(AUDIO_MAGIC, PROTOCOL_VERSION, self.codec, flags, self.channels, len(room),
+                              self.sample_rate, self.seq, self.chunk, self.pts_us, self.samples)
+        return header + room + self.payload
+
+    @classmethod
+    def decode(cls, data: bytes) -> AudioFrame:
+        """Parse a binary audio frame. Raises ``ValueError`` when it is not one."""
+        if len(data) < AUDIO_HEADER_BYTES:
+            raise ValueError(f"audio frame too short: {len(data)} bytes")
+        (magic, version, codec, flags, channels, room_len, rate, seq, chunk, pts_us,
+         samples) = _HEADER.unpack_from(data)
+        if magic != AUDIO_MAGIC:
+            raise ValueError("not an audio frame (bad magic)")
+        if version != PROTOCOL_VERSION:
+            raise ValueError(f"unsupported audio frame version {version}")
+        end = AUDIO_HEADER_BYTES + room_len
+        if len(data) < end:
+            raise ValueError("audio frame truncated inside the room id")
+        return cls(room=data[AUDIO_HEADER_BYTES:end].decode("utf-8"), seq=seq, chunk=chunk, pts_us=pts_us,
+                   sample_rate=rate, samples=samples, payload=bytes(data[end:]), codec=codec,
+                   channels=channels, first=bool(flags & FLAG_FIRST), last=bool(flags & FLAG_LAST))

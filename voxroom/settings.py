@@ -1,0 +1,111 @@
+"""Configuration, parsed from the environment once, at the edge (the CLI).
+
+Components never read ``os.environ`` themselves: they take a :class:`Settings` (or plain keyword
+arguments) so that tests and embedders can build them directly.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from voxroom import protocol
+
+
+def _bool(value: str) -> bool:
+    if value.lower() in {"1", "true", "yes", "on"}:
+        return True
+    if value.lower() in {"0", "false", "no", "off", ""}:
+        return False
+    raise ValueError(f"not a boolean: {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    # --- shared -----------------------------------------------------------------------------
+    redis_url: str | None = None
+    """``None`` means: `voxroom serve` starts its own redis-server."""
+    voices_path: str | None = None
+    """A voice catalog JSON file; ``None`` uses the bundled catalog."""
+    default_voice: str = "en-joe"
+    log_level: str = "INFO"
+
+    # --- gateway ------------------------------------------------------------------------------
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_connections: int = 20_000
+    """Past this, new WebSockets are closed with 1013 (try again later)."""
+    send_queue_slices: int = 50
+    """Per-client outbound queue, in frames (2 s of 40 ms audio). Overflow drops the oldest audio."""
+    utterance_stream_maxlen: int = 1000
+    output_stream_maxlen: int = 3000
+    """Per-room output stream cap (about 2 minutes of 40 ms slices)."""
+    jobs_maxlen: int = 100_000
+    max_pending_per_room: int = 16
+    """`say` is refused with ``busy`` while a room has this many utterances not yet played."""
+    insecure_dev: bool = False
+    """No token required. For local demos only; logged loudly."""
+    jwt_secret: str | None = None
+    allowed_origins: tuple[str, ...] = ()
+
+    # --- worker -------------------------------------------------------------------------------
+    engine: str = "auto"
+    """``auto``, ``offline`` (piper + espeak), ``chattts``, or ``synthetic`` (benchmarks only)."""
+    cpu_contexts: int = 2
+    """Contexts when there is no GPU (one per GPU otherwise)."""
+    context_queue: int = 4
+    """Bounded queue per context: utterances accepted but not yet started."""
+    context_inflight: int = 2
+    """Utterances one context may have between start of synthesis and end of publishing."""
+    claim_idle_ms: int = 15_000
+    """An utterance pending this long on a dead consumer is claimed by another worker."""
+    order_wait_ms: int = 30_000
+    """How long an utterance waits for its predecessor in the room before skipping past it."""
+    lead_ms: int = 120
+    """Audio is published this far ahead of its presentation time (the client's buffer)."""
+    chattts_dir: str | None = None
+    chattts_source: str = "huggingface"
+    chattts_int8: bool = False
+    chattts_empty_cache_every: int = 50
+    batch_window_ms: int = 15
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def with_(self, **changes: Any) -> Settings:
+        return replace(self, **changes)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Read ``VOXROOM_*`` variables (and ``REDIS_URL``). Unknown ``VOXROOM_*`` names are an
+        error, so a typo does not silently fall back to a default."""
+        env = os.environ if environ is None else environ
+        known = {f.name for f in fields(cls)} - {"extra"}
+        values: dict[str, Any] = {}
+        if env.get("REDIS_URL"):
+            values["redis_url"] = env["REDIS_URL"]
+        for key, raw in env.items():
+            if not key.startswith("VOXROOM_"):
+                continue
+            name = key[len("VOXROOM_"):].lower()
+            if name not in known:
+                raise ValueError(f"unknown setting {key}")
+            default = getattr(cls, name, None)
+            values[name] = _coerce(raw, default)
+        return cls(**values)
+
+    @staticmethod
+    def env_names() -> list[str]:
+        """Every environment variable :meth:`from_env` understands (docs and compose checks)."""
+        return ["REDIS_URL"] + [f"VOXROOM_{f.name.upper()}" for f in fields(Settings) if f.name != "extra"]
+
+
+def _coerce(raw: str, default: Any) -> Any:
+    if isinstance(default, bool):
+        return _bool(raw)
+    if isinstance(default, int):
+        return int(raw)
+    if isinstance(default, tuple):
+        return tuple(part.strip() for part in raw.split(",") if part.strip())
+    return raw or None
+

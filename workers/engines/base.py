@@ -1,0 +1,58 @@
+"""The engine interface: text and a voice in, PCM chunks out, as early as the engine allows.
+
+Engines are blocking and single-threaded by contract: the pool calls every method of one engine
+instance from that instance's own thread (its *context*), never from the event loop. An engine
+never sees Redis, asyncio or the wire protocol.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from voxroom.voices import Voice
+
+Pcm = npt.NDArray[np.float32]
+"""Mono float32 samples in [-1, 1] at the engine's :attr:`Engine.sample_rate`."""
+
+
+@dataclass(frozen=True, slots=True)
+class SynthesisRequest:
+    text: str
+    voice: Voice
+    request_id: str = ""
+    previous_voice: Voice | None = None
+    """The voice the room spoke in before this utterance, for engines that interpolate on a switch."""
+
+
+@runtime_checkable
+class Engine(Protocol):
+    name: str
+    sample_rate: int
+    max_batch: int
+    """Largest batch :meth:`stream_batch` accepts; 1 for engines that do not batch."""
+
+    def load(self, device: str) -> None:
+        """Load weights onto ``device`` (``cpu``, ``cuda:0``...). Raises ``EngineError``."""
+        ...
+
+    def stream(self, request: SynthesisRequest, cancel: threading.Event) -> Iterator[Pcm]:
+        """Yield the utterance's audio in chunks. Stop early (without error) once ``cancel`` is set."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+@runtime_checkable
+class BatchEngine(Engine, Protocol):
+    def stream_batch(self, requests: Sequence[SynthesisRequest],
+                     cancel: Sequence[threading.Event]) -> Iterator[tuple[int, Pcm]]:
+        """Synthesize several requests at once; yield ``(row, chunk)`` as each row's audio is ready.
+        A row whose ``cancel`` is set stops without stopping the others."""
+        ...
