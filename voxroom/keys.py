@@ -13,11 +13,14 @@ key                                    type      what
 ``vx:room:{room}:out``                 stream    the room's output: ``start`` / ``chunk`` / ``end``
                                                  entries; audio bytes only in the ``pcm`` field
 ``vx:room:{room}:seq``                 string    last room-level utterance sequence number (INCR)
-``vx:room:{room}:clock``               hash      ``next`` (seq allowed to play next), ``end_ms``
-                                                 (room-clock time the last utterance ends)
+``vx:room:{room}:state``               hash      ``next`` (seq allowed to play next), ``end_ms``
+                                                 (room-clock time the last utterance ends),
+                                                 ``voice`` (the room's current voice)
 ``vx:room:{room}:senders``             hash      sender id -> last client ``seq`` accepted (dedupe)
 ``vx:rooms``                           zset      room -> last activity (ms); for ``voxroom rooms``
-``vx:worker:{id}``                     hash      worker heartbeat: contexts, load, time (with TTL)
+``vx:worker:{id}``                     hash      worker heartbeat: engines, contexts, load (TTL)
+``vx:gw:{id}:wake:{n}``                stream    private to one gateway reader: XADD wakes its
+                                                 blocked XREAD when its room set changes
 =====================================  ========  ====================================================
 """
 
@@ -41,8 +44,8 @@ def room_seq(room: str) -> str:
     return f"{PREFIX}:room:{room}:seq"
 
 
-def room_clock(room: str) -> str:
-    return f"{PREFIX}:room:{room}:clock"
+def room_state(room: str) -> str:
+    return f"{PREFIX}:room:{room}:state"
 
 
 def room_senders(room: str) -> str:
@@ -55,3 +58,7 @@ def worker_heartbeat(worker_id: str) -> str:
 
 def worker_pattern() -> str:
     return f"{PREFIX}:worker:*"
+
+
+def gateway_wake(gateway_id: str, reader: int) -> str:
+    return f"{PREFIX}:gw:{gateway_id}:wake:{reader}"

@@ -74,12 +74,14 @@ class CloseCode:
 class ProtocolError(Exception):
     """A client message that cannot be accepted. ``fatal`` errors close the connection."""
 
-    def __init__(self, code: str, message: str, *, seq: int | None = None, fatal: bool = False) -> None:
+    def __init__(self, code: str, message: str, *, seq: int | None = None, fatal: bool = False,
+                 retry_after_ms: int | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.seq = seq
         self.fatal = fatal
+        self.retry_after_ms = retry_after_ms
 
 
 # ---------------------------------------------------------------------------------------------

@@ -80,7 +80,7 @@ class Settings:
         """Read ``VOXROOM_*`` variables (and ``REDIS_URL``). Unknown ``VOXROOM_*`` names are an
         error, so a typo does not silently fall back to a default."""
         env = os.environ if environ is None else environ
-        known = {f.name for f in fields(cls)} - {"extra"}
+        defaults = {f.name: f.default for f in fields(cls) if f.name != "extra"}
         values: dict[str, Any] = {}
         if env.get("REDIS_URL"):
             values["redis_url"] = env["REDIS_URL"]
@@ -88,10 +88,9 @@ class Settings:
             if not key.startswith("VOXROOM_"):
                 continue
             name = key[len("VOXROOM_"):].lower()
-            if name not in known:
+            if name not in defaults:
                 raise ValueError(f"unknown setting {key}")
-            default = getattr(cls, name, None)
-            values[name] = _coerce(raw, default)
+            values[name] = _coerce(raw, defaults[name])
         return cls(**values)
 
     @staticmethod

@@ -1,0 +1,193 @@
+"""Room fan-out: one blocked ``XREAD`` over many rooms, each entry copied to the room's clients.
+
+A gateway serves any room, whichever worker synthesized it: it reads each room's output stream
+(``vx:room:{room}:out``) from the moment its first local client joined. Rooms are spread over
+readers of at most ``rooms_per_reader`` rooms; each reader holds one blocked ``XREAD`` (one Redis
+connection) over all its rooms plus a private *wake* stream, so that a room joining or leaving
+interrupts the read at once instead of waiting for a timeout.
+
+Audio entries carry the client's binary frame ready-made, so the hot path is: read, look up the
+room's clients, append the same ``bytes`` object to each client's bounded queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from app.connection import ClientConnection
+from voxroom import keys
+from voxroom.protocol import ROOM_RATE
+
+log = logging.getLogger("voxroom.gateway.hub")
+
+WAKE_MAXLEN = 16
+READ_COUNT = 512
+
+
+def control_message(fields: dict[bytes, bytes]) -> str | None:
+    """The client's JSON for a ``start`` or ``end`` entry of a room's output stream."""
+    kind = fields.get(b"kind")
+    if kind == b"start":
+        msg: dict[str, Any] = {
+            "type": "start", "utterance": int(fields[b"seq"]), "sender": fields.get(b"sender", b"").decode(),
+            "voice": fields.get(b"voice", b"").decode(), "text": fields.get(b"text", b"").decode(),
+            "pts_ms": float(fields.get(b"pts_ms", b"0")), "sample_rate": int(fields.get(b"rate", ROOM_RATE)),
+        }
+    elif kind == b"end":
+        msg = {"type": "end", "utterance": int(fields[b"seq"]), "chunks": int(fields.get(b"chunks", b"0")),
+               "duration_ms": float(fields.get(b"duration_ms", b"0")),
+               "status": fields.get(b"status", b"ok").decode()}
+        if b"error" in fields:
+            msg["error"] = fields[b"error"].decode()
+    else:
+        return None
+    return json.dumps(msg, ensure_ascii=False, separators=(",", ":"))
+
+
+class _Reader:
+    def __init__(self, hub: RoomHub, index: int) -> None:
+        self.hub = hub
+        self.index = index
+        self.wake_key = keys.gateway_wake(hub.gateway_id, index)
+        self.cursors: dict[str, str] = {}
+        self.task: asyncio.Task[None] | None = None
+        self._wake_cursor = "0-0"
+
+    async def wake(self) -> None:
+        pipe = self.hub.redis.pipeline(transaction=False)
+        pipe.xadd(self.wake_key, {"w": 1}, maxlen=WAKE_MAXLEN, approximate=False)
+        pipe.expire(self.wake_key, 3600)
+        await pipe.execute()
+
+    async def run(self) -> None:
+        redis = self.hub.redis
+        backoff = 0.1
+        self._wake_cursor = await _tail(redis, self.wake_key)
+        while True:
+            streams: dict[Any, Any] = {keys.room_output(r): c for r, c in self.cursors.items()}
+            streams[self.wake_key] = self._wake_cursor
+            try:
+                resp = await redis.xread(streams, count=READ_COUNT, block=5000)
+                backoff = 0.1
+            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                log.warning("hub reader %d: redis unavailable (%s); retrying in %.1f s", self.index, exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            for stream, entries in resp or []:
+                name = stream.decode() if isinstance(stream, bytes) else stream
+                last = entries[-1][0]
+                last = last.decode() if isinstance(last, bytes) else last
+                if name == self.wake_key:
+                    self._wake_cursor = last
+                    continue
+                room = name[len(keys.PREFIX) + len(":room:"):-len(":out")]
+                if room in self.cursors:
+                    self.cursors[room] = last
+                    self.hub.dispatch(room, entries)
+
+
+async def _tail(redis: Redis, key: str) -> str:
+    last = await redis.xrevrange(key, count=1)
+    if not last:
+        return "0-0"
+    entry_id = last[0][0]
+    return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+
+
+class RoomHub:
+    """Which local clients are in which room, and the readers that feed them.
+
+    ``redis`` must be a client with ``decode_responses=False``: frames are bytes.
+    """
+
+    def __init__(self, redis: Redis, gateway_id: str, *, rooms_per_reader: int = 200,
+                 on_frame: Callable[[int], None] | None = None) -> None:
+        self.redis = redis
+        self.gateway_id = gateway_id
+        self.rooms_per_reader = rooms_per_reader
+        self.rooms: dict[str, set[ClientConnection]] = {}
+        self._reader_of: dict[str, _Reader] = {}
+        self._readers: list[_Reader] = []
+        self._lock = asyncio.Lock()
+        self._on_frame = on_frame
+        self.frames_in = 0
+
+    async def join(self, client: ClientConnection) -> None:
+        async with self._lock:
+            members = self.rooms.get(client.room)
+            if members is not None:
+                members.add(client)
+                return
+            self.rooms[client.room] = {client}
+            reader = self._pick_reader()
+            # Start from the stream's current tail: nothing published after this join is missed.
+            reader.cursors[client.room] = await _tail(self.redis, keys.room_output(client.room))
+            self._reader_of[client.room] = reader
+        await reader.wake()
+
+    async def leave(self, client: ClientConnection) -> None:
+        async with self._lock:
+            members = self.rooms.get(client.room)
+            if members is None:
+                return
+            members.discard(client)
+            if members:
+                return
+            del self.rooms[client.room]
+            reader = self._reader_of.pop(client.room)
+            reader.cursors.pop(client.room, None)
+        try:
+            await reader.wake()
+        except (RedisConnectionError, RedisTimeoutError, OSError):
+            pass  # the reader drops the room on its next read anyway
+
+    def _pick_reader(self) -> _Reader:
+        for reader in self._readers:
+            if len(reader.cursors) < self.rooms_per_reader:
+                return reader
+        reader = _Reader(self, len(self._readers))
+        reader.task = asyncio.create_task(reader.run(), name=f"hub:reader:{reader.index}")
+        reader.task.add_done_callback(_surface)
+        self._readers.append(reader)
+        return reader
+
+    def dispatch(self, room: str, entries: list[Any]) -> None:
+        members = self.rooms.get(room)
+        if not members:
+            return
+        for _entry_id, fields in entries:
+            frame = fields.get(b"frame")
+            if frame is not None:
+                self.frames_in += 1
+                for client in members:
+                    client.send_audio(frame)
+                continue
+            text = control_message(fields)
+            if text is not None:
+                for client in members:
+                    client.send_text(text)
+
+    async def close(self) -> None:
+        for reader in self._readers:
+            if reader.task is not None:
+                reader.task.cancel()
+        await asyncio.gather(*(r.task for r in self._readers if r.task), return_exceptions=True)
+        if self._readers:
+            try:
+                await self.redis.delete(*(r.wake_key for r in self._readers))
+            except (RedisConnectionError, RedisTimeoutError, OSError):
+                pass
+
+
+def _surface(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("task %s failed", task.get_name(), exc_info=task.exception())

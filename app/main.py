@@ -1,0 +1,111 @@
+"""The gateway application: ``create_app(settings)`` builds a Starlette app.
+
+Resources (Redis clients, the room hub, the worker directory) are created in the lifespan and
+reached through ``app.state.voxroom``. Shutdown order: stop accepting, close every client with
+1012 (they reconnect, possibly to another gateway), stop the readers, close Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from redis.asyncio import Redis
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
+
+from app.directory import WorkerDirectory
+from app.hub import RoomHub
+from app.ingress import Ingress
+from app.state import GatewayState
+from app.ws import room_endpoint
+from voxroom.protocol import CloseCode
+from voxroom.settings import Settings
+from voxroom.voices import Catalog
+
+log = logging.getLogger("voxroom.gateway")
+CLIENT_DIR = Path(__file__).resolve().parent.parent / "client_js"
+
+
+async def healthz(request: Request) -> Response:
+    return JSONResponse({"status": "alive"})
+
+
+async def readyz(request: Request) -> Response:
+    state: GatewayState = request.app.state.voxroom
+    try:
+        await state.redis.ping()
+    except Exception as exc:  # any failure to reach Redis means not ready
+        return JSONResponse({"status": "redis unreachable", "error": str(exc)}, status_code=503)
+    if not state.directory.workers:
+        return JSONResponse({"status": "no worker alive"}, status_code=503)
+    return JSONResponse({"status": "ready", "workers": len(state.directory.workers)})
+
+
+async def voices(request: Request) -> Response:
+    state: GatewayState = request.app.state.voxroom
+    served = [v.public() for v in state.catalog if state.directory.serves(v.engine)]
+    return JSONResponse({"default": state.catalog.default, "voices": served})
+
+
+async def index(request: Request) -> Response:
+    page = CLIENT_DIR / "demo" / "index.html"
+    if not page.exists():
+        return JSONResponse({"service": "voxroom", "websocket": "/rooms/{room_id}/ws"})
+    return FileResponse(page)
+
+
+def create_app(settings: Settings, *, catalog: Catalog | None = None) -> Starlette:
+    catalog = catalog or Catalog.load(settings.voices_path)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        url = settings.redis_url or "redis://127.0.0.1:6379/0"
+        text_redis = Redis.from_url(url, decode_responses=True)
+        bytes_redis = Redis.from_url(url, decode_responses=False)
+        gateway_id = f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        directory = WorkerDirectory(text_redis)
+        state = GatewayState(
+            settings=settings, catalog=catalog, redis=text_redis, gateway_id=gateway_id,
+            hub=RoomHub(bytes_redis, gateway_id),
+            ingress=Ingress(text_redis, utterance_maxlen=settings.utterance_stream_maxlen,
+                            jobs_maxlen=settings.jobs_maxlen,
+                            max_pending_per_room=settings.max_pending_per_room),
+            directory=directory)
+        app.state.voxroom = state
+        with contextlib.suppress(Exception):
+            await directory.refresh()
+        directory_task = asyncio.create_task(directory.run(), name="gateway:directory")
+        log.info("gateway %s up (redis %s)", gateway_id, url)
+        try:
+            yield
+        finally:
+            state.draining = True
+            for conn in list(state.clients):
+                conn.close()
+                with contextlib.suppress(Exception):
+                    await conn.websocket.close(CloseCode.SERVICE_RESTART, "server restarting")
+            directory_task.cancel()
+            await asyncio.gather(directory_task, return_exceptions=True)
+            await state.hub.close()
+            await text_redis.aclose()
+            await bytes_redis.aclose()
+            log.info("gateway %s stopped", gateway_id)
+
+    routes = [
+        Route("/", index),
+        Route("/healthz", healthz),
+        Route("/readyz", readyz),
+        Route("/v1/voices", voices),
+        WebSocketRoute("/rooms/{room_id}/ws", room_endpoint),
+        Mount("/client", app=StaticFiles(directory=CLIENT_DIR, check_dir=False), name="client"),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan)

@@ -1,0 +1,29 @@
+"""What the gateway's handlers share, created in the lifespan and reached through ``app.state``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from redis.asyncio import Redis
+
+from app.connection import ClientConnection
+from app.directory import WorkerDirectory
+from app.hub import RoomHub
+from app.ingress import Ingress
+from voxroom.settings import Settings
+from voxroom.voices import Catalog
+
+
+@dataclass
+class GatewayState:
+    settings: Settings
+    catalog: Catalog
+    redis: Redis
+    """Text client (``decode_responses=True``)."""
+    hub: RoomHub
+    ingress: Ingress
+    directory: WorkerDirectory
+    gateway_id: str
+    connections: int = 0
+    draining: bool = False
+    clients: set[ClientConnection] = field(default_factory=set)

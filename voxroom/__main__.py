@@ -1,0 +1,5 @@
+import sys
+
+from voxroom.cli import main
+
+sys.exit(main())

@@ -1,0 +1,172 @@
+"""The ``voxroom`` command: ``serve``, ``gateway``, ``worker``.
+
+This is the edge: the only place that reads the environment and configures logging.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import replace
+from typing import Any
+
+from voxroom.errors import VoxroomError
+from voxroom.settings import Settings
+
+log = logging.getLogger("voxroom.cli")
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    settings = Settings.from_env()
+    changes: dict[str, Any] = {}
+    for name in ("host", "port", "engine", "cpu_contexts", "redis_url", "chattts_dir", "voices_path"):
+        value = getattr(args, name, None)
+        if value is not None:
+            changes[name] = value
+    if getattr(args, "insecure_dev", False):
+        changes["insecure_dev"] = True
+    return replace(settings, **changes)
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _run_gateway(settings: Settings) -> None:
+    import uvicorn
+
+    from app.main import create_app
+
+    config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
+                            log_level=settings.log_level.lower(), ws_max_size=64 * 1024,
+                            ws_ping_interval=20.0, ws_ping_timeout=20.0, timeout_graceful_shutdown=5,
+                            lifespan="on")
+    uvicorn.Server(config).run()
+
+
+async def _worker_main(settings: Settings) -> None:
+    from redis.asyncio import Redis
+
+    from workers.launch import build_worker
+
+    redis = Redis.from_url(settings.redis_url or "redis://127.0.0.1:6379/0", decode_responses=True)
+    worker = build_worker(settings, redis)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, worker.stop)
+    try:
+        await worker.run()
+    finally:
+        await redis.aclose()
+
+
+def cmd_gateway(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    _logging(settings.log_level)
+    print(f"voxroom gateway on http://{settings.host}:{settings.port}/", flush=True)
+    _run_gateway(settings)
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    _logging(settings.log_level)
+    asyncio.run(_worker_main(settings))
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Redis (unless REDIS_URL), one worker process, and the gateway in this process."""
+    from voxroom.redis_server import RedisServer
+
+    settings = _settings(args)
+    _logging(settings.log_level)
+    redis_server: RedisServer | None = None
+    worker: subprocess.Popen[bytes] | None = None
+    try:
+        if settings.redis_url is None:
+            redis_server = RedisServer().start()
+            settings = replace(settings, redis_url=redis_server.url)
+            log.info("started redis-server %s on %s (in memory only: nothing survives a restart)",
+                     redis_server.executable, redis_server.url)
+        env = dict(os.environ, REDIS_URL=settings.redis_url or "", VOXROOM_ENGINE=settings.engine,
+                   VOXROOM_CPU_CONTEXTS=str(settings.cpu_contexts), VOXROOM_LOG_LEVEL=settings.log_level)
+        if settings.chattts_dir:
+            env["VOXROOM_CHATTTS_DIR"] = settings.chattts_dir
+        if settings.voices_path:
+            env["VOXROOM_VOICES_PATH"] = settings.voices_path
+        worker = subprocess.Popen([sys.executable, "-m", "voxroom", "worker"], env=env)
+        if settings.insecure_dev:
+            log.warning("--insecure-dev: no token is required to join or speak in any room. "
+                        "Never expose this server.")
+        print(f"voxroom serving on http://{settings.host}:{settings.port}/  (Ctrl-C stops it)", flush=True)
+        _run_gateway(settings)
+    finally:
+        if worker is not None and worker.poll() is None:
+            worker.send_signal(signal.SIGTERM)
+            try:
+                worker.wait(15)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                worker.wait()
+        if redis_server is not None:
+            redis_server.stop()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="voxroom", description="Multi-room realtime voice server.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--redis-url", dest="redis_url", help="Redis URL (default: $REDIS_URL)")
+        p.add_argument("--voices", dest="voices_path", help="voice catalog JSON file")
+
+    def gateway_opts(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--host", help="bind address (default 127.0.0.1)")
+        p.add_argument("--port", type=int, help="port (default 8000)")
+        p.add_argument("--insecure-dev", action="store_true",
+                       help="no token required (local demos only; logged loudly)")
+
+    def worker_opts(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--engine", choices=["auto", "offline", "chattts", "synthetic"],
+                       help="auto: ChatTTS when its weights are found, else the offline voices")
+        p.add_argument("--contexts", dest="cpu_contexts", type=int, help="CPU contexts when there is no GPU")
+        p.add_argument("--chattts-dir", dest="chattts_dir", help="a local ChatTTS weights directory")
+
+    serve = sub.add_parser("serve", help="everything in one process tree, on embedded defaults")
+    common(serve)
+    gateway_opts(serve)
+    worker_opts(serve)
+    serve.set_defaults(func=cmd_serve)
+    gateway = sub.add_parser("gateway", help="the WebSocket gateway only (needs REDIS_URL)")
+    common(gateway)
+    gateway_opts(gateway)
+    gateway.set_defaults(func=cmd_gateway)
+    worker = sub.add_parser("worker", help="a synthesis worker only (needs REDIS_URL)")
+    common(worker)
+    worker_opts(worker)
+    worker.set_defaults(func=cmd_worker)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except VoxroomError as exc:
+        print(f"voxroom: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())

@@ -1,0 +1,26 @@
+"""The room clock: milliseconds since the Unix epoch, advanced by a monotonic clock.
+
+Presentation times must agree across processes (several workers publish to one room, several
+gateways serve it), so they are expressed in wall-clock time. But pacing must not jump when NTP
+steps the wall clock, so a :class:`RoomClock` reads the wall clock once and then advances with
+``time.monotonic``. Tests and benchmarks may inject their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+
+class RoomClock:
+    def __init__(self) -> None:
+        self._offset_ms = time.time() * 1000.0 - time.monotonic() * 1000.0
+
+    def now_ms(self) -> float:
+        return time.monotonic() * 1000.0 + self._offset_ms
+
+    async def sleep_until(self, t_ms: float) -> None:
+        """Sleep until room-clock time ``t_ms`` (returns at once when it has passed)."""
+        delay = (t_ms - self.now_ms()) / 1000.0
+        if delay > 0:
+            await asyncio.sleep(delay)

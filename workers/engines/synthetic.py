@@ -1,0 +1,60 @@
+"""A synthetic engine with a fixed time to first chunk and real-time factor.
+
+A benchmark fixture, never a default: it lets ``bench/`` measure the server rather than a
+CPU-bound voice. Its audio is a buzz (a harmonic source at a speech-like pitch) whose loudness is
+modulated at a syllable rate, so that audio checks see something speech-shaped, and whose length
+follows the text (about 14 characters a second, a typical speaking rate).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+
+from workers.engines.base import Pcm, SynthesisRequest
+
+CHARS_PER_SECOND = 14.0
+
+
+class SyntheticEngine:
+    name = "synthetic"
+    max_batch = 1
+
+    def __init__(self, *, ttfc_ms: float = 50.0, rtf: float = 0.05, chunk_ms: float = 200.0,
+                 sample_rate: int = 24_000) -> None:
+        self.sample_rate = sample_rate
+        self.ttfc_s = ttfc_ms / 1000
+        self.rtf = rtf
+        self.chunk_samples = int(sample_rate * chunk_ms / 1000)
+
+    def load(self, device: str) -> None:
+        del device
+
+    def duration_s(self, text: str) -> float:
+        return max(0.4, len(text) / CHARS_PER_SECOND)
+
+    def stream(self, request: SynthesisRequest, cancel: threading.Event) -> Iterator[Pcm]:
+        total = int(self.duration_s(request.text) * self.sample_rate)
+        t = np.arange(total, dtype=np.float64) / self.sample_rate
+        pitch = 110.0 + 20.0 * np.sin(2 * np.pi * 0.7 * t)
+        phase = 2 * np.pi * np.cumsum(pitch) / self.sample_rate
+        source = sum(np.sin(k * phase) / k for k in range(1, 8))
+        envelope = 0.5 * (1 - np.cos(2 * np.pi * 4.0 * t))  # 4 syllables a second
+        audio = (0.25 * source * envelope).astype(np.float32)
+        if cancel.wait(self.ttfc_s):
+            return
+        for start in range(0, total, self.chunk_samples):
+            chunk = audio[start:start + self.chunk_samples]
+            # Sleep the compute the real-time factor stands for, so the pacing downstream is real.
+            if start and cancel.wait(chunk.size / self.sample_rate * self.rtf):
+                return
+            if cancel.is_set():
+                return
+            yield chunk
+
+    def close(self) -> None:
+        pass
+
+

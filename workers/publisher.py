@@ -1,0 +1,115 @@
+"""Publish one utterance into its room: wait for its turn, stamp presentation times, pace.
+
+Utterances of a room may be synthesized in parallel by several contexts (or workers), but they
+play in ``seq`` order: an utterance's audio is held (bounded, see ``workers/job.py``) until the
+room's ``next`` says it is its turn. Then its slices are stamped on the room clock right after the
+previous utterance's end (gapless), or ``lead_ms`` from now when the room was quiet, and published
+``lead_ms`` ahead of their presentation time. The client's jitter buffer absorbs the lead.
+
+When the engine cannot keep up with real time (ChatTTS on a CPU), a slice would be published after
+its presentation time; instead the rest of the utterance is moved later (a gap the client hears as
+a pause, never as skipped audio).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from voxroom.clock import RoomClock
+from voxroom.protocol import ROOM_RATE, SLICE_SAMPLES, AudioFrame
+from workers.bus import WorkerBus
+from workers.job import Utterance
+
+log = logging.getLogger("voxroom.worker.publisher")
+SLICE_MS = SLICE_SAMPLES * 1000.0 / ROOM_RATE
+
+
+@dataclass(slots=True)
+class PublishResult:
+    status: str  # "ok" | "failed" | "skipped"
+    chunks: int
+    duration_ms: float
+    first_slice_ms: float | None
+    """Room-clock time the first slice was published (for time-to-first-audio metrics)."""
+    late_shifts: int
+
+
+async def wait_for_turn(bus: WorkerBus, utt: Utterance, clock: RoomClock, timeout_ms: float) -> str:
+    """``ok`` when it is this utterance's turn, ``stale`` when the room has already moved past it
+    (it was skipped), or ``timeout`` after which the caller skips the predecessor."""
+    room, seq = utt.job.room, utt.job.seq
+    deadline = clock.now_ms() + timeout_ms
+    tail = await bus.output_tail(room)
+    while True:
+        nxt, _ = await bus.room_turn(room)
+        if nxt == seq:
+            return "ok"
+        if nxt > seq:
+            return "stale"
+        remaining = deadline - clock.now_ms()
+        if remaining <= 0:
+            return "timeout"
+        # Every change of ``next`` comes with an ``end`` entry in the output stream, so a blocked
+        # read on the stream wakes us exactly when it is worth checking again.
+        tail = await bus.wait_output(room, tail, int(min(remaining, 1000)))
+
+
+async def publish_utterance(bus: WorkerBus, utt: Utterance, clock: RoomClock, *, lead_ms: float,
+                            order_wait_ms: float, voice_name: str) -> PublishResult:
+    job = utt.job
+    turn = await wait_for_turn(bus, utt, clock, order_wait_ms)
+    if turn == "stale":
+        utt.cancel.set()
+        log.warning("room %s utterance %d arrived after the room moved on; dropped", job.room, job.seq)
+        return PublishResult("skipped", 0, 0.0, None, 0)
+    if turn == "timeout":
+        log.warning("room %s utterance %d waited %.0f ms for its predecessor; skipping past it",
+                    job.room, job.seq, order_wait_ms)
+        await bus.skip_to(job.room, job.seq)
+
+    # Stamp the start once the first slice exists: stamping earlier would put a slow engine's
+    # first slice in the past and force a shift on every utterance.
+    first = await utt.slices.get()
+    _, end_ms = await bus.room_turn(job.room)
+    next_pts = max(clock.now_ms() + lead_ms, end_ms)
+    chunk = 0
+    shifts = 0
+    first_ms: float | None = None
+    # The start entry travels with the first slice: one round trip, and clients never see a start
+    # whose audio is not already on its way.
+    pending: list[dict[str, object]] = [{"kind": "start", "seq": job.seq, "sender": job.sender,
+                                         "voice": voice_name, "text": job.text, "pts_ms": f"{next_pts:.3f}",
+                                         "rate": ROOM_RATE}]
+    item = first
+    while item is not None:
+        if next_pts < clock.now_ms() + SLICE_MS / 2:
+            # The engine fell behind real time: move the rest later rather than publish it late.
+            next_pts = clock.now_ms() + lead_ms
+            shifts += 1
+        await clock.sleep_until(next_pts - lead_ms)
+        frame = AudioFrame(room=job.room, seq=job.seq, chunk=chunk, pts_us=int(next_pts * 1000),
+                           sample_rate=ROOM_RATE, samples=int(item.size), payload=item.tobytes(),
+                           first=chunk == 0, last=utt.slices.next_is_end())
+        pending.append({"kind": "chunk", "seq": job.seq, "chunk": chunk, "frame": frame.encode()})
+        chunk += 1
+        next_pts += SLICE_MS
+        # Slices that are already due go out in one round trip; otherwise publish this one now.
+        if not (utt.slices.has_next() and next_pts - lead_ms <= clock.now_ms()):
+            await bus.publish(job.room, pending)
+            pending = []
+            if first_ms is None:
+                first_ms = clock.now_ms()
+        item = await utt.slices.get()
+    if pending:  # also the start entry of an utterance that produced no audio at all
+        await bus.publish(job.room, pending)
+        first_ms = first_ms if first_ms is not None else clock.now_ms()
+    status = "failed" if utt.error else "ok"
+    duration = chunk * SLICE_MS
+    end_fields = {"kind": "end", "seq": job.seq, "chunks": chunk, "duration_ms": f"{duration:.1f}",
+                  "status": status, "pts_ms": f"{next_pts:.3f}"}
+    if utt.error:
+        end_fields["error"] = utt.error[:200]
+    await bus.finish(job.room, job.seq, end_fields, next_pts)
+    return PublishResult(status, chunk, duration, first_ms, shifts)
+
