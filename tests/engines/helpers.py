@@ -1,0 +1,56 @@
+"""Run a real engine and keep its chunks with their arrival times."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from voxroom.voices import Voice
+from workers.engines.base import Engine, SynthesisRequest
+
+
+@dataclass
+class Synthesis:
+    chunks: list[npt.NDArray[np.float32]]
+    arrivals_s: list[float]
+    """Seconds from the call to ``stream`` to each chunk's arrival."""
+    total_s: float
+    rate: int
+    audio: npt.NDArray[np.float32] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.audio = (np.concatenate(self.chunks) if self.chunks else np.zeros(0, np.float32))
+
+    @property
+    def seconds(self) -> float:
+        return self.audio.size / self.rate
+
+
+
+def voice_with(base: Voice, **params: Any) -> Voice:
+    """``base`` with extra or replaced engine params."""
+    merged: Mapping[str, Any] = {**base.params, **params}
+    return Voice(id=base.id, engine=base.engine, language=base.language, params=merged)
+
+
+def synthesize(engine: Engine, voice: Voice, text: str, *, cancel_after: int | None = None,
+               cancel: threading.Event | None = None) -> Synthesis:
+    """Run one stream to its end; with ``cancel_after=n``, set the cancel event once ``n``
+    chunks have arrived and keep reading to see what still comes."""
+    cancel = cancel or threading.Event()
+    chunks: list[npt.NDArray[np.float32]] = []
+    arrivals: list[float] = []
+    started = time.perf_counter()
+    for chunk in engine.stream(SynthesisRequest(text=text, voice=voice, request_id="test"), cancel):
+        arrivals.append(time.perf_counter() - started)
+        assert chunk.dtype == np.float32 and chunk.ndim == 1
+        chunks.append(chunk)
+        if cancel_after is not None and len(chunks) >= cancel_after:
+            cancel.set()
+    return Synthesis(chunks, arrivals, time.perf_counter() - started, engine.sample_rate)
