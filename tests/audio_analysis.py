@@ -125,7 +125,8 @@ def jump_ratios(x: Audio, rate: int, window_ms: float = 5.0) -> npt.NDArray[np.f
     lo, hi = np.maximum(idx - half, 0), np.minimum(idx + half + 1, steps.size)
     others = np.maximum(squares[hi] - squares[lo] - steps * steps, 0.0) / np.maximum(hi - lo - 1, 1)
     floor = max(0.3 * float(np.sqrt(np.mean(steps * steps))), 1e-9)
-    return steps / np.maximum(np.sqrt(others), floor)
+    ratios: npt.NDArray[np.float64] = steps / np.maximum(np.sqrt(others), floor)
+    return ratios
 
 
 CLICK_RATIO = 12.0
