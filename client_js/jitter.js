@@ -1,0 +1,283 @@
+// The jitter buffer: a pure, time-addressed queue of audio slices. No Web Audio, no timers, so it
+// runs unchanged in Node's test runner and inside the AudioWorklet that plays it.
+//
+// Why time-addressed: every slice carries its presentation time on the room clock, and every
+// listener of a room must play it at that time to stay in step. So the buffer never "plays the
+// next slice when the last one ends" (that would drift by one network hiccup per underrun); the
+// caller asks "render these output samples, which fall at these room times", and each output
+// sample is taken from whichever slice covers its time, or is silence. A missing slice is
+// therefore concealed with silence of exactly its length, a slice whose time has passed is
+// dropped, playback after an underrun resumes exactly on schedule, and clock drift is followed by
+// the caller stepping through room time slightly faster or slower (see clock.js, Playhead).
+
+/**
+ * One slice handed to the buffer.
+ * @typedef {object} Slice
+ * @property {number} seq    room-level utterance number
+ * @property {number} chunk  index inside the utterance, from 0
+ * @property {number} ptsUs  presentation time, µs, on the same axis as render()'s times
+ * @property {number} rate   sample rate of `data`
+ * @property {Float32Array} data  mono samples
+ * @property {boolean} [first]
+ * @property {boolean} [last]
+ */
+
+/**
+ * @typedef {object} JitterStats
+ * @property {number} depth       slices buffered and not yet started
+ * @property {number} bufferedMs  audio queued ahead of the playhead, ms
+ * @property {number} underruns   times the buffer ran dry inside an utterance
+ * @property {number} lateDrops   slices that arrived after their play time
+ * @property {number} concealed   missing slices played as silence
+ * @property {number} played      slices that started playing
+ * @property {number} duplicates  slices received twice (ignored)
+ * @property {number} restarts    utterances the server started again from chunk 0
+ * @property {number} overflowDrops  slices refused because the buffer was full
+ */
+
+/**
+ * @typedef {object} JitterEvent
+ * @property {'begin' | 'finish'} type  an utterance's first played slice / its last slice ended
+ * @property {number} seq
+ * @property {number} chunk
+ * @property {number} atUs  time on the buffer's axis
+ */
+
+/** @typedef {Slice & {start: number, end: number, started: boolean}} Entry */
+
+/** @param {{seq: number, chunk: number}} a @param {{seq: number, chunk: number}} b */
+const compareKey = (a, b) => (a.seq - b.seq) || (a.chunk - b.chunk);
+
+export class JitterBuffer {
+  /** @type {Map<number, number>} chunk counts from `end` messages, by utterance (bounded) */
+  endChunks = new Map();
+
+  /**
+   * @param {object} [options]
+   * @param {number} [options.depth=3]  target depth in slices. With the server publishing
+   *   `leadMs` ahead of presentation time, depth × slice − lead is the extra playout delay:
+   *   the default (3 × 40 ms against the server's 120 ms lead) plays exactly on the room clock,
+   *   which keeps all listeners in step; a deeper buffer trades that for more jitter tolerance.
+   * @param {number} [options.sliceMs=40]
+   * @param {number} [options.leadMs=120]  how far ahead the server publishes audio
+   * @param {number} [options.fadeMs=4]  ramp where audio starts after (or stops into) silence
+   * @param {number} [options.maxSlices=500]  bound (20 s of slices); past it new slices are
+   *   refused and counted, because the ones already queued play sooner
+   */
+  constructor({ depth = 3, sliceMs = 40, leadMs = 120, fadeMs = 4, maxSlices = 500 } = {}) {
+    if (!(depth >= 1)) throw new RangeError('depth must be at least 1 slice');
+    this.depth = depth;
+    this.delayUs = (depth * sliceMs - leadMs) * 1000;
+    this.fadeUs = fadeMs * 1000;
+    this.maxSlices = maxSlices;
+    /** @type {Entry[]} sorted by (seq, chunk) */
+    this.queue = [];
+    /** Everything before this time has been rendered. */
+    this.playheadUs = -Infinity;
+    /** @type {{seq: number, chunk: number} | null} the last slice that started playing (for resume) */
+    this.lastPlayed = null;
+    /** @type {{seq: number, next: number, firstStart: number, ended: boolean} | null} */
+    this.utterance = null;
+    /** @type {Entry | null} the slice that ended last, for interpolation across the seam */
+    this.prev = null;
+    /** @type {JitterEvent[]} drained by the caller */
+    this.events = [];
+    this.silent = true;
+    this.inUnderrun = false;
+    this.fadeLeft = 0;
+    this.fadeLen = 1;
+    this.counters = { underruns: 0, lateDrops: 0, concealed: 0, played: 0, duplicates: 0, restarts: 0,
+      overflowDrops: 0 };
+  }
+
+  /**
+   * Add a slice. Returns what became of it.
+   * @param {Slice} slice
+   * @returns {'queued' | 'late' | 'duplicate' | 'overflow'}
+   */
+  push(slice) {
+    const start = slice.ptsUs + this.delayUs;
+    const entry = /** @type {Entry} */ ({ ...slice, start, end: start + (slice.data.length * 1e6) / slice.rate,
+      started: false });
+    if (entry.end <= this.playheadUs) {
+      this.counters.lateDrops++;
+      return 'late';
+    }
+    const at = this.#search(entry);
+    const same = this.queue[at];
+    if (same && compareKey(same, entry) === 0 && same.start === entry.start) {
+      this.counters.duplicates++;
+      return 'duplicate';
+    }
+    if (slice.first && slice.chunk === 0 && this.#isRestart(entry)) {
+      // The server began this utterance again (say a worker died and another took it over):
+      // what is left of the old take would interleave with the new one, so drop it.
+      this.counters.restarts++;
+      this.queue = this.queue.filter((e) => e.seq !== entry.seq);
+      if (this.utterance?.seq === entry.seq) this.utterance = null;
+      return this.push(slice);
+    }
+    if (same && compareKey(same, entry) === 0) this.queue.splice(at, 1); // re-timed copy replaces it
+    if (this.queue.length >= this.maxSlices) {
+      this.counters.overflowDrops++;
+      return 'overflow';
+    }
+    this.queue.splice(this.#search(entry), 0, entry);
+    return 'queued';
+  }
+
+  /**
+   * The server said how many chunks an utterance has (its `end` message), so a lost last slice
+   * does not leave the buffer waiting, and reporting an underrun, forever.
+   * @param {number} seq
+   * @param {number} chunks
+   */
+  markEnd(seq, chunks) {
+    if (this.utterance?.seq === seq && this.utterance.next >= chunks) this.utterance.ended = true;
+    this.endChunks.set(seq, chunks);
+    if (this.endChunks.size > 64) this.endChunks.delete(this.endChunks.keys().next().value);
+  }
+
+  /**
+   * Fill `out` with the samples that fall at times startUs, startUs + stepUs, ...
+   * Times must not go backwards between calls.
+   * @param {Float32Array} out
+   * @param {number} startUs
+   * @param {number} stepUs  µs per output sample: 1e6 / output rate, scaled for drift
+   */
+  render(out, startUs, stepUs) {
+    const fadeLen = Math.max(1, Math.round(this.fadeUs / stepUs));
+    this.fadeLen = fadeLen;
+    const q = this.queue;
+    for (let k = 0; k < out.length; k++) {
+      const t = startUs + k * stepUs;
+      while (q.length > 0 && q[0].end <= t) this.#retire(/** @type {Entry} */ (q.shift()));
+      const s = q[0];
+      if (s === undefined || s.start > t) {
+        out[k] = 0;
+        this.silent = true;
+        const u = this.utterance;
+        if (u && !u.ended && !this.inUnderrun && (s === undefined || s.seq !== u.seq)) {
+          // Inside an utterance with nothing of it left to play: the network fell behind.
+          this.counters.underruns++;
+          this.inUnderrun = true;
+        }
+        continue;
+      }
+      if (!s.started) this.#begin(s, t);
+      const x = ((t - s.start) * s.rate) / 1e6;
+      let v = this.#interpolate(s, x);
+      if (this.fadeLeft > 0) {
+        v *= 1 - (this.fadeLeft - 1) / fadeLen;
+        this.fadeLeft--;
+      }
+      const next = q[1];
+      if (!(next && contiguous(s, next)) && s.end - t < this.fadeUs) v *= (s.end - t) / this.fadeUs;
+      out[k] = v;
+      this.silent = false;
+    }
+    this.playheadUs = startUs + out.length * stepUs;
+  }
+
+  /** @returns {JitterStats} */
+  stats() {
+    const q = this.queue;
+    let depth = 0;
+    for (const e of q) if (!e.started) depth++;
+    const tail = q.length > 0 ? q[q.length - 1].end : this.playheadUs;
+    const buffered = Number.isFinite(this.playheadUs) ? Math.max(0, tail - this.playheadUs) / 1000 : 0;
+    return { depth, bufferedMs: q.length > 0 ? buffered : 0, ...this.counters };
+  }
+
+  /** @returns {JitterEvent[]} events since the last call */
+  drainEvents() {
+    const ev = this.events;
+    this.events = [];
+    return ev;
+  }
+
+  /** @param {Entry} entry */
+  #search(entry) {
+    let lo = 0;
+    let hi = this.queue.length;
+    while (lo < hi) {
+      const mid = (lo + hi) >> 1;
+      if (compareKey(this.queue[mid], entry) < 0) lo = mid + 1;
+      else hi = mid;
+    }
+    return lo;
+  }
+
+  /**
+   * A chunk 0 is the earliest slice of its take; if a slice of the same utterance is already
+   * known to start before it, the server has begun the utterance again (at a later time).
+   * A chunk 0 that merely arrives after chunk 1 (reordered) starts before it, so it is not.
+   * @param {Entry} entry
+   */
+  #isRestart(entry) {
+    const u = this.utterance;
+    if (u?.seq === entry.seq && u.firstStart < entry.start) return true;
+    return this.queue.some((e) => e.seq === entry.seq && e.start < entry.start);
+  }
+
+  /** @param {Entry} s @param {number} t */
+  #begin(s, t) {
+    s.started = true;
+    this.counters.played++;
+    const u = this.utterance;
+    if (u && u.seq === s.seq) {
+      // Slices of this utterance that never came were played as silence: conceal, not stall.
+      if (s.chunk > u.next) this.counters.concealed += s.chunk - u.next;
+      u.next = Math.max(u.next, s.chunk + 1);
+    } else {
+      this.utterance = { seq: s.seq, next: s.chunk + 1, firstStart: s.start, ended: false };
+      this.events.push({ type: 'begin', seq: s.seq, chunk: s.chunk, atUs: t });
+    }
+    const cur = /** @type {NonNullable<typeof this.utterance>} */ (this.utterance);
+    const total = this.endChunks.get(s.seq);
+    if (s.last || (total !== undefined && cur.next >= total)) cur.ended = true;
+    this.lastPlayed = { seq: s.seq, chunk: s.chunk };
+    this.inUnderrun = false;
+    if (this.silent || !(this.prev && contiguous(this.prev, s))) this.fadeLeft = this.fadeLen;
+  }
+
+  /** @param {Entry} s */
+  #retire(s) {
+    this.prev = s;
+    if (s.started && (s.last || this.endChunks.get(s.seq) === s.chunk + 1)) {
+      this.events.push({ type: 'finish', seq: s.seq, chunk: s.chunk, atUs: s.end });
+    }
+  }
+
+  /**
+   * Catmull-Rom between the four samples around x; across a seam it reads the neighbouring
+   * slice when the two are contiguous, so 24 kHz → 44.1/48 kHz is smooth at every slice edge.
+   * @param {Entry} s @param {number} x
+   */
+  #interpolate(s, x) {
+    const i = Math.floor(x);
+    const f = x - i;
+    const p0 = this.#at(s, i - 1);
+    const p1 = this.#at(s, i);
+    const p2 = this.#at(s, i + 1);
+    const p3 = this.#at(s, i + 2);
+    return p1 + 0.5 * f * (p2 - p0 + f * (2 * p0 - 5 * p1 + 4 * p2 - p3 + f * (3 * (p1 - p2) + p3 - p0)));
+  }
+
+  /** @param {Entry} s @param {number} j */
+  #at(s, j) {
+    const n = s.data.length;
+    if (j >= 0 && j < n) return s.data[j];
+    if (j < 0) {
+      const p = this.prev;
+      return p && contiguous(p, s) && p.data.length + j >= 0 ? p.data[p.data.length + j] : s.data[0];
+    }
+    const next = this.queue[1];
+    return next && next !== s && contiguous(s, next) && j - n < next.data.length ? next.data[j - n] : s.data[n - 1];
+  }
+}
+
+/** True when b starts where a ends (within half a sample) at the same rate. */
+function contiguous(/** @type {Entry} */ a, /** @type {Entry} */ b) {
+  return a.rate === b.rate && Math.abs(b.start - a.end) < 5e5 / a.rate;
+}

@@ -1,0 +1,233 @@
+// The voxroom wire protocol, client side, sans I/O: bytes and strings in, plain objects out.
+// Mirrors voxroom/protocol.py (the server's source of truth); imports nothing, touches no socket,
+// so it can be tested by feeding bytes and reused in a worker or an AudioWorklet.
+
+export const PROTOCOL_VERSION = 1;
+/** Every room plays at 24 kHz; slices are 40 ms. */
+export const ROOM_RATE = 24_000;
+export const SLICE_MS = 40;
+export const SLICE_SAMPLES = (ROOM_RATE * SLICE_MS) / 1000;
+export const MAX_TEXT_CHARS = 500;
+/** Largest integer both JSON and JavaScript numbers carry exactly; the server's MAX_SEQ. */
+export const MAX_SEQ = Number.MAX_SAFE_INTEGER;
+
+export const AUDIO_MAGIC = 'VX';
+export const AUDIO_HEADER_BYTES = 32;
+export const CODEC_PCM16 = 0;
+export const CODEC_OPUS = 1;
+export const FLAG_FIRST = 0x01;
+export const FLAG_LAST = 0x02;
+
+/** Error codes carried by `error` messages (voxroom.protocol.ErrorCode). */
+export const ErrorCode = Object.freeze({
+  BAD_JSON: 'bad_json',
+  BAD_MSGPACK: 'bad_msgpack',
+  BAD_MESSAGE: 'bad_message',
+  UNKNOWN_TYPE: 'unknown_type',
+  TEXT_TOO_LONG: 'text_too_long',
+  EMPTY_TEXT: 'empty_text',
+  UNKNOWN_VOICE: 'unknown_voice',
+  FRAME_TOO_LARGE: 'frame_too_large',
+  DUPLICATE: 'duplicate',
+  BUSY: 'busy',
+  RATE_LIMITED: 'rate_limited',
+  FORBIDDEN: 'forbidden',
+  SYNTHESIS_FAILED: 'synthesis_failed',
+  INTERNAL: 'internal',
+});
+
+/** WebSocket close codes the gateway uses (voxroom.protocol.CloseCode). */
+export const CloseCode = Object.freeze({
+  NORMAL: 1000,
+  GOING_AWAY: 1001,
+  UNSUPPORTED_DATA: 1003,
+  POLICY_VIOLATION: 1008,
+  MESSAGE_TOO_BIG: 1009,
+  INTERNAL_ERROR: 1011,
+  SERVICE_RESTART: 1012,
+  TRY_AGAIN_LATER: 1013,
+});
+
+/**
+ * One slice of a room's audio, as laid out by voxroom.protocol.AudioFrame.encode.
+ * @typedef {object} AudioFrame
+ * @property {string} room
+ * @property {number} seq        room-level utterance number
+ * @property {number} chunk      slice index inside the utterance, from 0
+ * @property {number} ptsUs      presentation time on the room clock, µs since the Unix epoch
+ * @property {number} sampleRate
+ * @property {number} samples    samples per channel
+ * @property {number} codec      CODEC_PCM16 or CODEC_OPUS
+ * @property {number} channels
+ * @property {boolean} first     first slice of the utterance
+ * @property {boolean} last      last slice of the utterance
+ * @property {Uint8Array} payload
+ */
+
+export class ProtocolError extends Error {
+  /** @param {string} message */
+  constructor(message) {
+    super(message);
+    this.name = 'ProtocolError';
+  }
+}
+
+/**
+ * Parse a binary audio frame: a 32-byte big-endian header
+ * (magic "VX", version u8, codec u8, flags u8, channels u8, room length u16, sample rate u32,
+ * seq u32, chunk u32, pts µs u64, samples u32), the UTF-8 room id, then the payload.
+ * @param {ArrayBuffer | ArrayBufferView} data
+ * @returns {AudioFrame}
+ * @throws {ProtocolError} when the bytes are not an audio frame of this protocol version
+ */
+export function decodeAudioFrame(data) {
+  const bytes = data instanceof ArrayBuffer
+    ? new Uint8Array(data)
+    : new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
+  if (bytes.length < AUDIO_HEADER_BYTES) throw new ProtocolError(`audio frame too short: ${bytes.length} bytes`);
+  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  if (bytes[0] !== 0x56 || bytes[1] !== 0x58) throw new ProtocolError('not an audio frame (bad magic)');
+  const version = view.getUint8(2);
+  if (version !== PROTOCOL_VERSION) throw new ProtocolError(`unsupported audio frame version ${version}`);
+  const codec = view.getUint8(3);
+  const flags = view.getUint8(4);
+  const channels = view.getUint8(5);
+  const roomLen = view.getUint16(6);
+  const sampleRate = view.getUint32(8);
+  const seq = view.getUint32(12);
+  const chunk = view.getUint32(16);
+  // µs since the epoch is about 2^51 today: exact in a double for another ~200 years.
+  const ptsUs = Number(view.getBigUint64(20));
+  const samples = view.getUint32(28);
+  const end = AUDIO_HEADER_BYTES + roomLen;
+  if (bytes.length < end) throw new ProtocolError('audio frame truncated inside the room id');
+  const room = new TextDecoder('utf-8', { fatal: true }).decode(bytes.subarray(AUDIO_HEADER_BYTES, end));
+  return {
+    room, seq, chunk, ptsUs, sampleRate, samples, codec, channels: channels || 1,
+    first: (flags & FLAG_FIRST) !== 0, last: (flags & FLAG_LAST) !== 0,
+    payload: bytes.subarray(end),
+  };
+}
+
+/**
+ * Build the bytes of an audio frame exactly as the server does (tests and fake servers use it).
+ * @param {Omit<AudioFrame, 'payload'> & {payload?: Uint8Array}} f
+ * @returns {Uint8Array}
+ */
+export function encodeAudioFrame(f) {
+  const room = new TextEncoder().encode(f.room);
+  const payload = f.payload ?? new Uint8Array(0);
+  const out = new Uint8Array(AUDIO_HEADER_BYTES + room.length + payload.length);
+  const view = new DataView(out.buffer);
+  out[0] = 0x56; out[1] = 0x58;
+  view.setUint8(2, PROTOCOL_VERSION);
+  view.setUint8(3, f.codec ?? CODEC_PCM16);
+  view.setUint8(4, (f.first ? FLAG_FIRST : 0) | (f.last ? FLAG_LAST : 0));
+  view.setUint8(5, f.channels ?? 1);
+  view.setUint16(6, room.length);
+  view.setUint32(8, f.sampleRate);
+  view.setUint32(12, f.seq);
+  view.setUint32(16, f.chunk);
+  view.setBigUint64(20, BigInt(Math.round(f.ptsUs)));
+  view.setUint32(28, f.samples);
+  out.set(room, AUDIO_HEADER_BYTES);
+  out.set(payload, AUDIO_HEADER_BYTES + room.length);
+  return out;
+}
+
+/**
+ * int16 little-endian PCM (interleaved when channels > 1) to mono float in [-1, 1).
+ * Reads through a DataView so that the byte order is right on any host and the payload
+ * may start at an odd offset (the room id before it has any length).
+ * @param {Uint8Array} payload
+ * @param {number} [channels]
+ * @returns {Float32Array}
+ */
+export function pcm16ToFloat32(payload, channels = 1) {
+  const view = new DataView(payload.buffer, payload.byteOffset, payload.byteLength);
+  const frames = Math.floor(payload.byteLength / (2 * channels));
+  const out = new Float32Array(frames);
+  for (let i = 0; i < frames; i++) {
+    let sum = 0;
+    for (let c = 0; c < channels; c++) sum += view.getInt16((i * channels + c) * 2, true);
+    out[i] = sum / (channels * 32768);
+  }
+  return out;
+}
+
+// --- client -> server ------------------------------------------------------------------------
+
+/**
+ * @param {number} seq  strictly increasing per client, 1..MAX_SEQ
+ * @param {string} text
+ * @param {string} [voice]  a catalog voice id; omitted means the room's default
+ * @returns {string}
+ */
+export function encodeSay(seq, text, voice) {
+  if (!Number.isSafeInteger(seq) || seq < 1) throw new RangeError(`seq must be an integer in 1..${MAX_SEQ}`);
+  /** @type {{type: 'say', seq: number, text: string, voice?: string}} */
+  const msg = { type: 'say', seq, text };
+  if (voice) msg.voice = voice;
+  return JSON.stringify(msg);
+}
+
+/** @param {number} t  the client's send time, echoed back in `pong` */
+export function encodePing(t) {
+  return JSON.stringify({ type: 'ping', t });
+}
+
+/**
+ * Ask the server to replay the room's audio after (utterance `seq`, `chunk`).
+ * @param {number} seq
+ * @param {number} chunk
+ */
+export function encodeResume(seq, chunk) {
+  return JSON.stringify({ type: 'resume', seq, chunk });
+}
+
+// --- server -> client ------------------------------------------------------------------------
+
+/**
+ * @typedef {{type: 'welcome', protocol: number, room: string, client: string, sample_rate: number,
+ *   slice_ms: number, voice: string, server_ms: number, lead_ms?: number}} Welcome
+ * @typedef {{type: 'accepted', seq: number, utterance: number}} Accepted
+ * @typedef {{type: 'start', utterance: number, sender: string, voice: string, text: string,
+ *   pts_ms: number, sample_rate: number}} Start
+ * @typedef {{type: 'end', utterance: number, chunks: number, duration_ms: number,
+ *   status: 'ok' | 'failed' | 'skipped'}} End
+ * @typedef {{type: 'error', code: string, message: string, seq?: number, retry_after_ms?: number}} ErrorMessage
+ * @typedef {{type: 'pong', t: number | null, server_ms: number}} Pong
+ * @typedef {Welcome | Accepted | Start | End | ErrorMessage | Pong} ServerMessage
+ */
+
+const REQUIRED = /** @type {Record<string, string[]>} */ ({
+  welcome: ['server_ms'],
+  accepted: ['seq', 'utterance'],
+  start: ['utterance'],
+  end: ['utterance'],
+  error: ['code'],
+  pong: ['server_ms'],
+});
+
+/**
+ * Parse a text frame from the server. Unknown types are returned as they are (newer servers may
+ * add some); known types must carry their key fields.
+ * @param {string} text
+ * @returns {ServerMessage | {type: string}}
+ * @throws {ProtocolError}
+ */
+export function parseServerMessage(text) {
+  let obj;
+  try {
+    obj = JSON.parse(text);
+  } catch (err) {
+    throw new ProtocolError(`server message is not JSON: ${/** @type {Error} */ (err).message}`);
+  }
+  if (obj === null || typeof obj !== 'object' || Array.isArray(obj) || typeof obj.type !== 'string') {
+    throw new ProtocolError('server message is not an object with a string type');
+  }
+  for (const field of REQUIRED[obj.type] ?? []) {
+    if (!(field in obj)) throw new ProtocolError(`'${obj.type}' message lacks '${field}'`);
+  }
+  return obj;
+}
