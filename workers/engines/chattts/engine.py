@@ -1,0 +1,236 @@
+"""``ChatTTSEngine``: one ChatTTS context (one ``Chat``, one device), batched streaming synthesis.
+
+The pool creates one engine per device (``cuda:N``, or each CPU context) and calls it from that context's
+thread only (see ``workers/engines/base.py``). Nothing here is shared between engines: each has its own
+``Chat``, its own seeded ``torch.Generator`` and its own speaker-embedding cache.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from voxroom.errors import EngineError
+from voxroom.voices import Voice
+from workers.engines.base import Pcm, SynthesisRequest
+from workers.engines.chattts.generation import Generator, RowProgress, SamplingParams
+from workers.engines.chattts.loader import load_chat
+from workers.engines.chattts.speakers import SpeakerBank, VoiceLookup, transition
+from workers.engines.chattts.streaming import Fader, IncrementalDecoder, StreamConfig
+from workers.engines.chattts.text_split import MAX_PIECE_CHARS, split_for_transition, split_text
+
+log = logging.getLogger("voxroom.engine.chattts")
+
+
+@dataclass(slots=True)
+class _Plan:
+    """One request: its text pieces and the speaker embedding of each piece."""
+    pieces: list[str]
+    speakers: list[torch.Tensor]
+
+
+class ChatTTSEngine:
+    """ChatTTS on one device. Options (all keyword, all with defaults):
+
+    ``source``/``custom_path``/``sha256_map``: where weights come from (see ``loader.load_chat``);
+    ``int8``: dynamic int8 quantisation of the GPT's linear layers (CPU contexts only);
+    ``fp16``: half-precision GPT on CUDA (default on); ``empty_cache_every``: call
+    ``torch.cuda.empty_cache()`` every N utterances; ``interpolation_steps``/``fade_ms``: voice switches;
+    ``max_batch``; ``seed`` of this context's sampler; sampling (``temperature``, ``top_p``, ``top_k``,
+    ``repetition_penalty``, ``max_new_tokens``, ``min_new_tokens``); streaming (``first_chunk_steps``,
+    ``chunk_steps``, ``left_context_steps``, ``holdback_steps``, ``overlap_samples``);
+    ``max_piece_chars``; ``voice_lookup`` (resolves blend parts; e.g. ``catalog.get``);
+    ``torch_threads`` (intra-op threads of this process, when set).
+    """
+
+    name = "chattts"
+    sample_rate = 24000
+
+    def __init__(self, *, source: str = "huggingface", custom_path: str | None = None,
+                 sha256_map: dict[str, str] | None = None, int8: bool = False, fp16: bool = True,
+                 empty_cache_every: int = 50, interpolation_steps: int = 5, fade_ms: float = 80.0,
+                 max_batch: int = 8, seed: int = 0, temperature: float = 0.3, top_p: float = 0.7,
+                 top_k: int = 20, repetition_penalty: float = 1.05, max_new_tokens: int = 2048,
+                 min_new_tokens: int = 1, first_chunk_steps: int = 12, chunk_steps: int = 24,
+                 left_context_steps: int = 24, holdback_steps: int = 4, overlap_samples: int = 1024,
+                 max_piece_chars: int = MAX_PIECE_CHARS, voice_lookup: VoiceLookup | None = None,
+                 torch_threads: int | None = None) -> None:
+        if interpolation_steps < 1 or max_batch < 1 or fade_ms < 0:
+            raise EngineError("chattts: interpolation_steps and max_batch must be >= 1, fade_ms >= 0")
+        self.source = source
+        self.custom_path = custom_path
+        self.sha256_map = sha256_map
+        self.int8 = int8
+        self.fp16 = fp16
+        self.empty_cache_every = empty_cache_every
+        self.interpolation_steps = interpolation_steps
+        self.fade_samples = int(round(fade_ms * self.sample_rate / 1000))
+        self.max_batch = max_batch
+        self.seed = seed
+        # min_new_tokens >= 1: a row that ends at step 0 would be silent (upstream regenerates instead).
+        self.sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k,
+                                       repetition_penalty=repetition_penalty, max_new_tokens=max_new_tokens,
+                                       min_new_tokens=max(1, min_new_tokens))
+        self.stream_config = StreamConfig(first_chunk_steps=first_chunk_steps, chunk_steps=chunk_steps,
+                                          left_context_steps=left_context_steps, holdback_steps=holdback_steps,
+                                          overlap_samples=overlap_samples)
+        self.max_piece_chars = max_piece_chars
+        self.voice_lookup = voice_lookup
+        self.torch_threads = torch_threads
+        self.chat: Any = None
+        self.device = torch.device("cpu")
+        self._gen: Generator | None = None
+        self._bank: SpeakerBank | None = None
+        self._utterances = 0
+
+    # --- lifecycle -------------------------------------------------------------------------------
+    def load(self, device: str) -> None:
+        """Load the model onto ``device``. Raises ``ModelNotFound`` / ``EngineError``."""
+        if self.torch_threads:
+            torch.set_num_threads(self.torch_threads)
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise EngineError(f"chattts: {device} requested but CUDA is not available")
+        chat = load_chat(source=self.source, custom_path=self.custom_path, device=str(self.device),
+                         sha256_map=self.sha256_map)
+        llama = chat.gpt.gpt
+        if self.device.type == "cuda" and self.fp16:
+            # Only the transformer: code heads, decoder and Vocos stay fp32 (cheap, and Vocos' ISTFT
+            # wants fp32). generation.py casts the transformer's inputs to its dtype.
+            chat.gpt.gpt = llama.half()
+        elif self.int8:
+            if self.device.type != "cpu":
+                raise EngineError("chattts: int8 dynamic quantisation is for CPU contexts")
+            chat.gpt.gpt = _quantize_int8(llama)
+        self.chat = chat
+        rng = torch.Generator(device=self.device).manual_seed(self.seed)
+        self._gen = Generator(chat, rng)
+        self._bank = SpeakerBank(chat.speaker, self.device, self.voice_lookup)
+        log.info("chattts context ready on %s (int8=%s, fp16=%s)", self.device, self.int8,
+                 self.device.type == "cuda" and self.fp16)
+
+    def close(self) -> None:
+        self.chat = None
+        self._gen = None
+        self._bank = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    # --- voices ----------------------------------------------------------------------------------
+    def embedding(self, voice: Voice) -> torch.Tensor:
+        """The unit-norm speaker embedding for ``voice`` (cached)."""
+        return self._require()[1].embedding(voice)
+
+    def plan(self, request: SynthesisRequest) -> tuple[list[str], list[torch.Tensor]]:
+        """The text pieces of ``request`` and the embedding each piece is spoken with: on a voice switch
+        (``previous_voice`` differs) the pieces step from the old voice to the new one."""
+        bank = self._require()[1]
+        pieces = split_text(request.text, self.max_piece_chars)
+        target = bank.embedding(request.voice)
+        prev = request.previous_voice
+        if prev is None or prev.id == request.voice.id or prev.engine != self.name or not pieces:
+            return pieces, [target] * len(pieces)
+        pieces = split_for_transition(pieces, self.interpolation_steps)
+        return pieces, transition(bank.embedding(prev), target, len(pieces), self.interpolation_steps)
+
+    # --- synthesis -------------------------------------------------------------------------------
+    def stream(self, request: SynthesisRequest, cancel: threading.Event) -> Iterator[Pcm]:
+        for _, chunk in self.stream_batch([request], [cancel]):
+            yield chunk
+
+    def stream_batch(self, requests: Sequence[SynthesisRequest],
+                     cancel: Sequence[threading.Event]) -> Iterator[tuple[int, Pcm]]:
+        """Synthesize up to ``max_batch`` requests together, each row with its own voice; yield
+        ``(row, chunk)`` as soon as a row's chunk is decoded. Text pieces go in rounds: round ``k``
+        batches piece ``k`` of every row that has one. A row whose ``cancel`` is set leaves the batch at
+        the next GPT step (its KV-cache rows are dropped) and yields nothing more; other rows go on.
+        ``Chat.interrupt()`` is never used: it would stop every stream of this ``Chat``."""
+        gen, _ = self._require()
+        if len(requests) != len(cancel):
+            raise EngineError("stream_batch: one cancel event per request")
+        if len(requests) > self.max_batch:
+            raise EngineError(f"stream_batch: {len(requests)} requests, max_batch is {self.max_batch}")
+        plans = [_Plan(*self.plan(r)) for r in requests]
+        rounds = max((len(p.pieces) for p in plans), default=0)
+        for k in range(rounds):
+            rows = [r for r, p in enumerate(plans) if k < len(p.pieces) and not cancel[r].is_set()]
+            if not rows:
+                break
+            yield from self._round(gen, [plans[r].pieces[k] for r in rows],
+                                   [plans[r].speakers[k] for r in rows], rows, cancel)
+        for r, p in enumerate(plans):
+            if p.pieces and not cancel[r].is_set():
+                self._utterance_done()
+
+    def _round(self, gen: Generator, texts: list[str], speakers: list[torch.Tensor], rows: list[int],
+               cancel: Sequence[threading.Event]) -> Iterator[tuple[int, Pcm]]:
+        chat = self.chat
+        normed = [chat.normalizer(t, True, True, None) for t in texts]
+        progress = [RowProgress() for _ in rows]
+        decoders = [IncrementalDecoder(self._decode, self.stream_config) for _ in rows]
+        faders = [Fader(self.fade_samples) for _ in rows]
+        finished = [False] * len(rows)
+
+        def cancelled(i: int) -> bool:
+            return cancel[rows[i]].is_set()
+
+        for report in gen.run(normed, speakers, self.sampling, progress, cancelled):
+            for i in sorted(set(report.changed) | set(report.ended)):
+                if finished[i]:
+                    continue
+                if cancelled(i):
+                    finished[i] = True
+                    continue
+                final = progress[i].done
+                hiddens = progress[i].hiddens
+                if not final and not decoders[i].ready(len(hiddens)):
+                    continue
+                chunk = decoders[i].emit(hiddens, final)
+                if final:
+                    finished[i] = True
+                if len(chunk):
+                    yield rows[i], faders[i].apply(np.clip(chunk, -1.0, 1.0), final)
+
+    @torch.inference_mode()
+    def _decode(self, hiddens: torch.Tensor) -> Pcm:
+        """Hidden states ``(T, H)`` -> ``512*T - 256`` samples through ChatTTS's decoder and Vocos."""
+        chat = self.chat
+        x = hiddens.t().unsqueeze(0).contiguous()
+        mel = chat.decoder(x)
+        wav = chat.vocos.decode(mel)
+        out: Pcm = wav[0].float().cpu().numpy()
+        return out
+
+    def _utterance_done(self) -> None:
+        self._utterances += 1
+        if self.device.type == "cuda" and self.empty_cache_every > 0 \
+                and self._utterances % self.empty_cache_every == 0:
+            # The caching allocator keeps the peak of every batch shape it saw; long-running contexts
+            # with varied batch sizes creep up unless it is emptied now and then.
+            torch.cuda.empty_cache()
+
+    def _require(self) -> tuple[Generator, SpeakerBank]:
+        if self._gen is None or self._bank is None:
+            raise EngineError("chattts engine used before load()")
+        return self._gen, self._bank
+
+
+def _quantize_int8(llama: torch.nn.Module) -> torch.nn.Module:
+    """Dynamic int8 quantisation of the transformer's Linear layers (weights int8, activations
+    quantised per batch on the fly): about 3x faster per step on these CPUs (FACTS)."""
+    import warnings
+
+    from torch.ao.quantization import quantize_dynamic
+
+    with warnings.catch_warnings():
+        # torch.ao.quantization announces its move to torchao; the API still works in 2.13.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        warnings.simplefilter("ignore", UserWarning)
+        return quantize_dynamic(llama, {torch.nn.Linear}, dtype=torch.qint8)
