@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-from tests.audio_analysis import is_speech_like, rms
+from tests.audio_analysis import CLICK_RATIO, is_speech_like, max_jump, rms
 from voxroom.errors import EngineError
 from voxroom.voices import Catalog
 from workers.engines.base import Engine
@@ -75,6 +75,9 @@ def test_streams_in_100ms_chunks(espeak: EspeakEngine, catalog: Catalog) -> None
     assert max(sizes) <= 0.101, sizes
     assert sum(1 for s in sizes if s >= 0.099) >= 0.8 * len(sizes), sizes
     assert out.arrivals_s[0] < out.total_s
+    # The buffers are consecutive pieces of one signal: joined, they do not click.
+    joins = np.cumsum([c.size for c in out.chunks[:-1]]) - 1
+    assert max_jump(out.audio, out.rate, at=joins) < CLICK_RATIO
 
 
 def test_lock_serialises_threads(catalog: Catalog) -> None:

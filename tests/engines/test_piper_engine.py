@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 
-from tests.audio_analysis import is_speech_like, rms, voiced_duration_s
+from tests.audio_analysis import CLICK_RATIO, is_speech_like, max_jump, rms, voiced_duration_s
 from voxroom.errors import EngineError
 from voxroom.voices import Catalog
 from workers.engines.base import Engine
@@ -47,6 +48,9 @@ def test_one_chunk_per_sentence_and_first_chunk_early(piper: PiperEngine, catalo
     assert all(is_speech_like(c, out.rate, min_seconds=0.3) for c in out.chunks)
     # The first sentence is handed over before the others are synthesized.
     assert out.arrivals_s[0] < 0.6 * out.total_s, (out.arrivals_s, out.total_s)
+    # Sentences start and end in silence, so played back to back they join without a click.
+    joins = np.cumsum([c.size for c in out.chunks[:-1]]) - 1
+    assert max_jump(out.audio, out.rate, at=joins) < CLICK_RATIO
 
 
 def test_cancel_stops_between_sentences(piper: PiperEngine, catalog: Catalog) -> None:

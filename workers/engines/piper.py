@@ -150,12 +150,16 @@ class PiperEngine:
                 raise EngineError(f"piper param {key}={value!r} must be a number in [{low}, {high}]")
             settings[key] = float(value)
         config = SynthesisConfig(**settings)  # type: ignore[arg-type]
+        sentences = 0
         for chunk in voice.synthesize(request.text, syn_config=config):
             if cancel.is_set():
-                return
+                break
+            sentences += 1
             yield np.asarray(chunk.audio_float_array, dtype=np.float32)
             if cancel.is_set():
-                return
+                break
+        log.debug("piper %s: %d sentence(s)%s", request.request_id, sentences,
+                  " (cancelled)" if cancel.is_set() else "")
 
     def close(self) -> None:
         # Dropping the sessions frees their memory; ONNX Runtime has no explicit close.
