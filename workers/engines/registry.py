@@ -3,7 +3,9 @@ torch, and may have neither piper nor espeak."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+from collections.abc import Callable
 from typing import Any
 
 from voxroom.errors import EngineError
@@ -21,33 +23,40 @@ _OFFLINE_REQUIREMENTS = {
 def create_engine(name: str, **options: Any) -> Engine:
     """A new, not yet loaded engine; ``options`` go to its constructor.
 
-    Raises :class:`EngineError` for an unknown name or when the engine's packages are missing.
+    Raises :class:`EngineError` for an unknown name, when the engine's packages are missing, or
+    for an option its constructor does not take.
     """
-    engine: Engine
     try:
-        if name == "piper":
-            from workers.engines.piper import PiperEngine
-            engine = PiperEngine(**options)
-        elif name == "espeak":
-            from workers.engines.espeak import EspeakEngine
-            engine = EspeakEngine(**options)
-        elif name == "synthetic":
-            from workers.engines.synthetic import SyntheticEngine
-            engine = SyntheticEngine(**options)
-        elif name == "chattts":
-            # Looked up by name: workers.engines.chattts is written alongside this module, and
-            # an import error here must become an EngineError, not a failure to import us.
-            module = importlib.import_module("workers.engines.chattts")
-            engine = module.ChatTTSEngine(**options)
-        else:
-            raise EngineError(f"unknown engine {name!r}; known: {', '.join(ENGINES)}")
+        factory = _engine_class(name)
     except (ImportError, AttributeError) as exc:
         extra = {"piper": "offline", "espeak": "offline", "chattts": "chattts"}.get(name)
         hint = f" (pip install 'voxroom[{extra}]')" if extra else ""
         raise EngineError(f"engine {name!r} cannot be imported: {exc}{hint}") from None
-    except TypeError as exc:  # a wrong keyword option
+    try:
+        return factory(**options)
+    except TypeError as exc:  # a keyword the constructor does not take
         raise EngineError(f"engine {name!r}: bad options {sorted(options)}: {exc}") from None
-    return engine
+
+
+def _engine_class(name: str) -> Callable[..., Engine]:
+    """The engine's class, its module imported only now."""
+    factory: Callable[..., Engine]
+    if name == "piper":
+        from workers.engines.piper import PiperEngine
+        factory = PiperEngine
+    elif name == "espeak":
+        from workers.engines.espeak import EspeakEngine
+        factory = EspeakEngine
+    elif name == "synthetic":
+        from workers.engines.synthetic import SyntheticEngine
+        factory = SyntheticEngine
+    elif name == "chattts":
+        # By name: the chattts package is written alongside this module and resolves the class
+        # lazily (its module imports torch); a failure here must become an EngineError.
+        factory = importlib.import_module("workers.engines.chattts").ChatTTSEngine
+    else:
+        raise EngineError(f"unknown engine {name!r}; known: {', '.join(ENGINES)}")
+    return factory
 
 
 def available_offline_engines() -> set[str]:
