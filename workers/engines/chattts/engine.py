@@ -57,8 +57,8 @@ class ChatTTSEngine:
                  empty_cache_every: int = 50, interpolation_steps: int = 5, fade_ms: float = 80.0,
                  max_batch: int = 8, seed: int = 0, temperature: float = 0.3, top_p: float = 0.7,
                  top_k: int = 20, repetition_penalty: float = 1.05, max_new_tokens: int = 2048,
-                 min_new_tokens: int = 1, first_chunk_steps: int = 12, chunk_steps: int = 24,
-                 left_context_steps: int = 24, holdback_steps: int = 4, overlap_samples: int = 1024,
+                 min_new_tokens: int = 1, first_chunk_steps: int = 8, chunk_steps: int = 24,
+                 left_context_steps: int = 16, holdback_steps: int = 8, overlap_samples: int = 1024,
                  max_piece_chars: int = MAX_PIECE_CHARS, voice_lookup: VoiceLookup | None = None,
                  torch_threads: int | None = None) -> None:
         if interpolation_steps < 1 or max_batch < 1 or fade_ms < 0:

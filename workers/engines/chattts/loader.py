@@ -69,8 +69,11 @@ def load_chat(*, source: str = "huggingface", custom_path: str | os.PathLike[str
             apply_arch(chat.config, arch)
 
     path = None if custom_path is None else str(custom_path)
+    # ChatTTS's own `local` mode downloads into the directory when a hash does not match; its `custom`
+    # mode checks the same hashes (here the published ones) and never downloads, which is what we want.
+    upstream_source = "custom" if source == "local" else source
     try:
-        ok = chat.load(source=source, custom_path=path, device=torch.device(device), compile=False)
+        ok = chat.load(source=upstream_source, custom_path=path, device=torch.device(device), compile=False)
     except Exception as exc:  # safetensors/transformers/torch errors on a damaged file
         raise ModelNotFound(f"ChatTTS model from {source} ({path or 'default cache'}) could not be "
                             f"loaded: {type(exc).__name__}: {exc}") from None
