@@ -111,9 +111,12 @@ export class Playhead {
    * @param {number} [options.maxSlew=0.002]
    * @param {number} [options.tauS=0.5]  the error is corrected over about this long
    * @param {number} [options.snapUs=60000]  errors above this snap (and count as a resync)
+   * @param {number} [options.deadbandUs=300]  errors below this are left alone, so that the
+   *   jitter of successive mappings does not wobble the pitch
    */
-  constructor({ maxSlew = 0.002, tauS = 0.5, snapUs = 60_000 } = {}) {
+  constructor({ maxSlew = 0.002, tauS = 0.5, snapUs = 60_000, deadbandUs = 300 } = {}) {
     this.maxSlew = maxSlew;
+    this.deadbandUs = deadbandUs;
     this.tauS = tauS;
     this.snapUs = snapUs;
     /** @type {{a: number, b: number} | null} */
@@ -143,7 +146,9 @@ export class Playhead {
       this.posUs = target;
     }
     const err = target - this.posUs; // µs
-    const corr = Math.max(-this.maxSlew, Math.min(this.maxSlew, err / (this.tauS * 1e6)));
+    const corr = Math.abs(err) < this.deadbandUs
+      ? 0
+      : Math.max(-this.maxSlew, Math.min(this.maxSlew, err / (this.tauS * 1e6)));
     const stepUs = (m.b / rate) * (1 + corr);
     const startUs = this.posUs;
     this.posUs += frames * stepUs;

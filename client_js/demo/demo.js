@@ -1,0 +1,163 @@
+// The demo page: a thin UI over VoxroomClient. Everything it shows comes from the client's events.
+import { VoxroomClient } from '../voxroom.js';
+
+const $ = (/** @type {string} */ id) => /** @type {any} */ (document.getElementById(id));
+const params = new URLSearchParams(location.search);
+if (params.get('room')) $('room').value = params.get('room');
+if (params.get('token')) $('token').value = params.get('token');
+
+/** @type {VoxroomClient | null} */
+let client = null;
+/** utterance -> its transcript row */
+const rows = new Map();
+const STATE_TEXT = { idle: 'not connected', connecting: 'connecting…', open: 'connected', reconnecting: 'reconnecting…',
+  closed: 'disconnected' };
+
+// Exposed for the end-to-end test and for poking at in the console.
+/** @type {any} */ (window).voxroomDemo = { get client() { return client; }, rows };
+
+loadVoices();
+
+$('join-form').addEventListener('submit', async (/** @type {Event} */ e) => {
+  e.preventDefault();
+  if (client) {
+    await client.close();
+    client = null;
+    $('join').textContent = 'Join';
+    setSpeaking(false);
+    return;
+  }
+  const room = $('room').value.trim();
+  client = new VoxroomClient({ room, token: $('token').value.trim() || undefined, tap: true,
+    sampleRate: params.get('rate') ? Number(params.get('rate')) : undefined });
+  wire(client);
+  $('join').textContent = 'Leave';
+  history.replaceState(null, '', `?room=${encodeURIComponent(room)}`);
+  try {
+    await client.connect(); // inside the click: the browser lets the AudioContext start
+  } catch (err) {
+    showError(/** @type {Error} */ (err).message);
+  }
+});
+
+$('say-form').addEventListener('submit', async (/** @type {Event} */ e) => {
+  e.preventDefault();
+  const text = $('text').value.trim();
+  if (!text || !client) return;
+  $('text').value = '';
+  showError('');
+  try {
+    await client.say(text, { voice: $('voice').value || undefined });
+  } catch (err) {
+    showError(`${/** @type {any} */ (err).code ?? 'error'}: ${/** @type {Error} */ (err).message}`);
+  }
+});
+
+/** @param {VoxroomClient} c */
+function wire(c) {
+  c.addEventListener('state', (/** @type {any} */ e) => {
+    const { state, retryInMs } = e.detail;
+    $('state').dataset.state = state;
+    $('state').textContent = STATE_TEXT[/** @type {keyof typeof STATE_TEXT} */ (state)] +
+      (retryInMs ? ` (in ${(retryInMs / 1000).toFixed(1)} s)` : '');
+    const open = state === 'open';
+    for (const id of ['text', 'send', 'voice']) $(id).disabled = !open && state !== 'reconnecting';
+    if (open) $('text').focus();
+  });
+  c.addEventListener('start', (/** @type {any} */ e) => addRow(e.detail));
+  c.addEventListener('playing', (/** @type {any} */ e) => {
+    const d = e.detail;
+    rows.get(d.utterance)?.classList.add('speaking');
+    setSpeaking(true, d.own ? 'You' : `Guest ${d.sender ?? '?'}`, d.text ?? '');
+    if (d.ttfaMs !== null) setMeta(d.utterance, `first audio in ${Math.round(d.ttfaMs)} ms`);
+  });
+  c.addEventListener('finished', (/** @type {any} */ e) => {
+    rows.get(e.detail.utterance)?.classList.remove('speaking');
+    setSpeaking(false);
+  });
+  c.addEventListener('end', (/** @type {any} */ e) => {
+    const d = e.detail;
+    if (d.status !== 'ok') setMeta(d.utterance, d.status);
+  });
+  c.addEventListener('error', (/** @type {any} */ e) => {
+    if (e.detail.seq === undefined) showError(`${e.detail.code}: ${e.detail.message}`);
+  });
+  c.addEventListener('stats', (/** @type {any} */ e) => showStats(e.detail));
+  requestAnimationFrame(function meter() {
+    if (client !== c) return;
+    const peaks = c.player.tap.peaks;
+    const level = peaks.length ? Math.min(1, Math.max(...peaks.slice(-8)) * 2.5) : 0;
+    document.querySelectorAll('.meter span').forEach((bar, i) => {
+      /** @type {HTMLElement} */ (bar).style.setProperty('--level', String(level * [0.6, 0.9, 1, 0.8, 0.5][i]));
+    });
+    requestAnimationFrame(meter);
+  });
+}
+
+async function loadVoices() {
+  const select = $('voice');
+  try {
+    const catalog = await VoxroomClient.voices();
+    select.replaceChildren(...catalog.voices.map((v) => {
+      const opt = new Option(`${v.name}`, v.id, false, v.id === catalog.default);
+      opt.title = Object.values(v.tags ?? {}).join(', ');
+      return opt;
+    }));
+  } catch (err) {
+    select.replaceChildren(new Option('room default', ''));
+    showError(`voices: ${/** @type {Error} */ (err).message}`);
+  }
+}
+
+/** @param {{utterance: number, sender: string, voice: string, text: string, own: boolean}} d */
+function addRow(d) {
+  const log = $('log');
+  log.querySelector('.empty')?.remove();
+  const li = document.createElement('li');
+  li.dataset.utterance = String(d.utterance);
+  const who = document.createElement('span');
+  who.className = d.own ? 'who own' : 'who';
+  who.textContent = d.own ? 'You' : `Guest ${d.sender}`;
+  const text = document.createElement('span');
+  text.className = 'text';
+  text.textContent = d.text;
+  const meta = document.createElement('span');
+  meta.className = 'meta';
+  meta.textContent = d.voice;
+  li.append(who, text, meta);
+  log.prepend(li);
+  rows.set(d.utterance, li);
+  while (log.children.length > 100) log.lastChild.remove();
+}
+
+/** @param {number} utterance @param {string} text */
+function setMeta(utterance, text) {
+  const meta = rows.get(utterance)?.querySelector('.meta');
+  if (meta) meta.textContent = `${meta.textContent.split(' · ')[0]} · ${text}`;
+}
+
+/** @param {boolean} on @param {string} [who] @param {string} [what] */
+function setSpeaking(on, who, what) {
+  $('speaker').classList.toggle('idle', !on);
+  $('speaker-name').textContent = on ? who : 'Nobody';
+  $('speaker-text').textContent = on ? what : 'The room is quiet.';
+}
+
+/** @param {import('../voxroom.js').VoxroomStats} s */
+function showStats(s) {
+  $('s-depth').textContent = `${s.depth} slices`;
+  $('s-buffered').textContent = `${Math.round(s.bufferedMs)} ms`;
+  $('s-ttfa').textContent = s.ttfaMs === null ? '–' : `${Math.round(s.ttfaMs)} ms`;
+  $('s-underruns').textContent = String(s.underruns);
+  $('s-late').textContent = String(s.lateDrops);
+  $('s-concealed').textContent = String(s.concealed);
+  $('s-underruns').parentElement.parentElement.classList.toggle('bad', s.underruns > 0);
+  $('s-rtt').textContent = Number.isFinite(s.rttMs) ? `${s.rttMs.toFixed(1)} ms` : '–';
+  $('s-rate').textContent = s.sampleRate ? `out ${s.sampleRate / 1000} kHz` : '';
+}
+
+/** @param {string} message */
+function showError(message) {
+  $('say-error').hidden = !message;
+  $('say-error').textContent = message;
+}

@@ -1,0 +1,357 @@
+// VoxroomClient: the public surface. Joins a room over a WebSocket, plays its audio in step with
+// every other listener, and speaks lines into it. See README.md for the types and events.
+
+import { ClockSync } from './clock.js';
+import { Player } from './player.js';
+import {
+  CODEC_PCM16, ProtocolError, decodeAudioFrame, encodePing, encodeResume, encodeSay, parseServerMessage,
+} from './protocol.js';
+import { ReconnectPolicy } from './reconnect.js';
+
+export { ErrorCode, CloseCode } from './protocol.js';
+
+/** Pings are fast while the clock settles, then relaxed. */
+const FAST_PINGS = 20;
+const FAST_PING_MS = 500;
+/** `say` calls waiting for `accepted` (including while reconnecting); past this they fail at once. */
+const MAX_PENDING_SAYS = 32;
+const STATS_EVERY_MS = 250;
+
+/**
+ * @typedef {'idle' | 'connecting' | 'open' | 'reconnecting' | 'closed'} ConnectionState
+ *
+ * @typedef {object} VoxroomOptions
+ * @property {string} room  room id: 1-64 of [A-Za-z0-9_-]
+ * @property {string} [server]  http(s) base URL of the gateway; default: the page's origin
+ * @property {string} [token]  access token (sent as ?token=); not needed with --insecure-dev
+ * @property {string} [clientId]  identity kept across reconnects (the server dedupes `say` seqs and
+ *   resumes per identity); default: random per client object
+ * @property {string} [voice]  default voice for say(); default: the room's
+ * @property {number} [depth=3]  jitter buffer depth in slices (3 × 40 ms = in step with the room)
+ * @property {number} [leadMs=120]  the server's lead, until its welcome says otherwise
+ * @property {number} [sampleRate]  force the AudioContext rate (default: the device's)
+ * @property {AudioContext} [audioContext]  share an existing context
+ * @property {boolean} [tap=false]  meter the rendered output (tests, level meters)
+ * @property {number} [pingIntervalMs=2000]
+ * @property {{baseMs?: number, maxMs?: number, maxAttempts?: number}} [reconnect]
+ * @property {typeof WebSocket} [WebSocket]  an implementation to use instead of the global one
+ *
+ * @typedef {object} VoxroomStats
+ * @property {ConnectionState} state
+ * @property {number} depth  slices buffered ahead of the playhead
+ * @property {number} bufferedMs
+ * @property {number} underruns
+ * @property {number} lateDrops
+ * @property {number} concealed
+ * @property {number} played
+ * @property {number} restarts
+ * @property {number} rttMs  fastest ping round trip in the window
+ * @property {number} driftPpm  room clock against the local clock
+ * @property {number | null} ttfaMs  time to first audio of this client's last line
+ * @property {number} sampleRate  the AudioContext's
+ */
+
+export class VoxroomClient extends EventTarget {
+  /** @param {VoxroomOptions} options */
+  constructor(options) {
+    super();
+    if (!options?.room) throw new TypeError('options.room is required');
+    this.options = options;
+    /** @type {ConnectionState} */
+    this.state = 'idle';
+    this.clock = new ClockSync();
+    this.player = new Player({ depth: options.depth, leadMs: options.leadMs, sampleRate: options.sampleRate,
+      audioContext: options.audioContext, tap: options.tap });
+    this.player.onEvent = (e) => this.#onPlayback(e);
+    this.policy = new ReconnectPolicy(options.reconnect);
+    /** @type {import('./protocol.js').Welcome | null} */
+    this.welcome = null;
+    /** @type {number | null} */
+    this.ttfaMs = null;
+    /** @type {WebSocket | null} */
+    this.ws = null;
+    this.#seq = 0;
+    this.clientId = options.clientId ?? randomId();
+  }
+
+  #seq;
+  #pings = 0;
+  #closing = false;
+  #everWelcomed = false;
+  /** @type {ReturnType<typeof setTimeout> | undefined} */ #pingTimer;
+  /** @type {ReturnType<typeof setTimeout> | undefined} */ #retryTimer;
+  /** @type {ReturnType<typeof setInterval> | undefined} */ #statsTimer;
+  /** @type {Map<number, {frame: string, sentMs: number, resolve: Function, reject: Function}>} */
+  #pending = new Map();
+  /** utterance -> when our say for it was sent (performance.now), for time-to-first-audio */
+  /** @type {Map<number, number>} */ #ours = new Map();
+  /** @type {Map<number, import('./protocol.js').Start>} */ #starts = new Map();
+  /** @type {{resolve: Function, reject: Function} | null} */ #firstWelcome = null;
+  #badCodecReported = false;
+
+  /** The gateway's WebSocket URL for this room. */
+  get url() {
+    const base = new URL(this.options.server ?? globalThis.location?.origin ?? 'http://127.0.0.1:8000');
+    base.protocol = base.protocol === 'https:' ? 'wss:' : 'ws:';
+    base.pathname = `${base.pathname.replace(/\/$/, '')}/rooms/${encodeURIComponent(this.options.room)}/ws`;
+    base.searchParams.set('client', this.clientId);
+    if (this.options.token) base.searchParams.set('token', this.options.token);
+    return base.toString();
+  }
+
+  /**
+   * Start audio and join the room. Call it from a user gesture (a click), so that the browser
+   * lets the AudioContext run. Resolves on the server's welcome; rejects if the first connection
+   * is refused for good (bad token, bad room).
+   * @returns {Promise<import('./protocol.js').Welcome>}
+   */
+  async connect() {
+    if (this.state !== 'idle' && this.state !== 'closed') throw new Error(`already ${this.state}`);
+    this.#closing = false;
+    await this.player.start();
+    const welcomed = new Promise((resolve, reject) => { this.#firstWelcome = { resolve, reject }; });
+    this.#open();
+    this.#statsTimer = setInterval(() => this.#emit('stats', this.stats), STATS_EVERY_MS);
+    return /** @type {Promise<import('./protocol.js').Welcome>} */ (welcomed);
+  }
+
+  /**
+   * Speak a line into the room. Resolves when the server accepts it, with the room-level
+   * utterance number; rejects with an Error carrying `code` (see ErrorCode) when refused.
+   * While reconnecting the line waits and is sent (again) after the welcome: the server ignores
+   * a seq it already accepted, so a resend never speaks twice.
+   * @param {string} text
+   * @param {{voice?: string}} [options]
+   * @returns {Promise<{seq: number, utterance: number | null}>}
+   */
+  say(text, { voice } = {}) {
+    if (this.#pending.size >= MAX_PENDING_SAYS) {
+      return Promise.reject(Object.assign(new Error('too many lines waiting for the server'), { code: 'busy' }));
+    }
+    // Strictly increasing across reloads too (the server dedupes per identity): use the clock.
+    this.#seq = Math.max(this.#seq + 1, Date.now());
+    const seq = this.#seq;
+    const frame = encodeSay(seq, text, voice ?? this.options.voice);
+    return new Promise((resolve, reject) => {
+      this.#pending.set(seq, { frame, sentMs: performance.now(), resolve, reject });
+      if (this.state === 'open') this.#send(frame);
+    });
+  }
+
+  /** Leave the room for good (no reconnect) and release the audio. */
+  async close() {
+    this.#closing = true;
+    clearTimeout(this.#retryTimer);
+    clearTimeout(this.#pingTimer);
+    clearInterval(this.#statsTimer);
+    this.ws?.close(1000, 'bye');
+    this.#setState('closed');
+    for (const p of this.#pending.values()) p.reject(Object.assign(new Error('client closed'), { code: 'closed' }));
+    this.#pending.clear();
+    await this.player.close();
+  }
+
+  /** @returns {VoxroomStats} */
+  get stats() {
+    const s = this.player.report.stats;
+    return { state: this.state, depth: s.depth ?? 0, bufferedMs: s.bufferedMs ?? 0, underruns: s.underruns ?? 0,
+      lateDrops: s.lateDrops ?? 0, concealed: s.concealed ?? 0, played: s.played ?? 0, restarts: s.restarts ?? 0,
+      rttMs: this.clock.rttMs, driftPpm: this.clock.drift * 1e6, ttfaMs: this.ttfaMs,
+      sampleRate: this.player.context?.sampleRate ?? 0 };
+  }
+
+  /** The room clock now, ms since the Unix epoch as the server keeps it. */
+  roomTimeMs() {
+    return this.clock.toRoomMs(performance.now());
+  }
+
+  /**
+   * The voice catalog of a gateway.
+   * @param {string} [server]  base URL; default the page's origin
+   * @returns {Promise<{default: string, voices: {id: string, engine: string, language: string, name: string,
+   *   tags: Record<string, string>}[]}>}
+   */
+  static async voices(server) {
+    const res = await fetch(new URL('/v1/voices', server ?? globalThis.location.origin));
+    if (!res.ok) throw new Error(`GET /v1/voices: HTTP ${res.status}`);
+    return res.json();
+  }
+
+  // --- connection ----------------------------------------------------------------------------
+
+  #open() {
+    this.#setState(this.#everWelcomed ? 'reconnecting' : 'connecting');
+    const Impl = this.options.WebSocket ?? WebSocket;
+    const ws = new Impl(this.url);
+    ws.binaryType = 'arraybuffer';
+    this.ws = ws;
+    ws.onmessage = (e) => {
+      if (ws !== this.ws) return;
+      if (typeof e.data === 'string') this.#onText(e.data);
+      else this.#onAudio(e.data);
+    };
+    ws.onclose = (e) => {
+      if (ws === this.ws) this.#onClose(e.code, e.reason);
+    };
+  }
+
+  /** @param {number} code @param {string} reason */
+  #onClose(code, reason) {
+    clearTimeout(this.#pingTimer);
+    this.ws = null;
+    if (this.#closing) return;
+    const delay = this.policy.next(code);
+    if (delay === null) {
+      this.#setState('closed', { code, reason });
+      this.#emit('error', { code: 'closed', message: `connection closed (${code}${reason ? `: ${reason}` : ''})`, closeCode: code });
+      this.#firstWelcome?.reject(Object.assign(new Error(`connection refused (${code} ${reason})`), { code: 'closed', closeCode: code }));
+      this.#firstWelcome = null;
+      return;
+    }
+    this.#setState('reconnecting', { code, reason, retryInMs: delay });
+    this.#retryTimer = setTimeout(() => this.#open(), delay);
+  }
+
+  /** @param {string} data */
+  #send(data) {
+    if (this.ws?.readyState === 1) this.ws.send(data);
+  }
+
+  #ping() {
+    this.#send(encodePing(performance.now()));
+    this.#pings++;
+    const every = this.#pings < FAST_PINGS ? FAST_PING_MS : (this.options.pingIntervalMs ?? 2000);
+    this.#pingTimer = setTimeout(() => this.#ping(), every);
+  }
+
+  // --- messages ------------------------------------------------------------------------------
+
+  /** @param {string} text */
+  #onText(text) {
+    let msg;
+    try {
+      msg = /** @type {any} */ (parseServerMessage(text));
+    } catch (err) {
+      this.#emit('error', { code: 'bad_server_message', message: /** @type {Error} */ (err).message });
+      return;
+    }
+    switch (msg.type) {
+      case 'welcome': return this.#onWelcome(msg);
+      case 'pong':
+        if (typeof msg.t === 'number') this.clock.addSample(msg.t, msg.server_ms, performance.now());
+        this.player.remap();
+        return;
+      case 'accepted': {
+        const p = this.#pending.get(msg.seq);
+        if (!p) return;
+        this.#pending.delete(msg.seq);
+        this.#ours.set(msg.utterance, p.sentMs);
+        if (this.#ours.size > 64) this.#ours.delete(/** @type {number} */ (this.#ours.keys().next().value));
+        p.resolve({ seq: msg.seq, utterance: msg.utterance });
+        this.#emit('accepted', msg);
+        return;
+      }
+      case 'start':
+        this.#starts.set(msg.utterance, msg);
+        if (this.#starts.size > 64) this.#starts.delete(/** @type {number} */ (this.#starts.keys().next().value));
+        this.#emit('start', { ...msg, own: this.#ours.has(msg.utterance) });
+        return;
+      case 'end':
+        this.player.markEnd(msg.utterance, msg.chunks);
+        this.#emit('end', { ...msg, own: this.#ours.has(msg.utterance) });
+        return;
+      case 'error': return this.#onError(msg);
+      default:
+        return;
+    }
+  }
+
+  /** @param {import('./protocol.js').Welcome} msg */
+  #onWelcome(msg) {
+    const now = performance.now();
+    this.welcome = msg;
+    this.clock.seed(msg.server_ms, now);
+    this.player.setClock(this.clock, msg.server_ms);
+    if (typeof msg.lead_ms === 'number') this.player.setLead(msg.lead_ms);
+    this.policy.reset();
+    const resumed = this.#everWelcomed;
+    this.#everWelcomed = true;
+    this.#setState('open');
+    this.#pings = 0;
+    clearTimeout(this.#pingTimer);
+    this.#ping();
+    const last = this.player.report.lastPlayed;
+    // Ask for what we missed while away; the server replays the room's audio after this slice.
+    if (resumed && last) this.#send(encodeResume(last.seq, last.chunk));
+    for (const p of this.#pending.values()) this.#send(p.frame);
+    this.#emit('welcome', msg);
+    this.#firstWelcome?.resolve(msg);
+    this.#firstWelcome = null;
+  }
+
+  /** @param {import('./protocol.js').ErrorMessage} msg */
+  #onError(msg) {
+    const detail = { code: msg.code, message: msg.message, seq: msg.seq, retryAfterMs: msg.retry_after_ms };
+    const p = msg.seq !== undefined ? this.#pending.get(msg.seq) : undefined;
+    if (p && msg.seq !== undefined) {
+      this.#pending.delete(msg.seq);
+      // A resend after a reconnect of a line the server already took: it was spoken, not an error.
+      if (msg.code === 'duplicate') p.resolve({ seq: msg.seq, utterance: null });
+      else p.reject(Object.assign(new Error(msg.message), detail));
+    }
+    this.#emit('error', detail);
+  }
+
+  /** @param {ArrayBuffer} data */
+  #onAudio(data) {
+    let frame;
+    try {
+      frame = decodeAudioFrame(data);
+    } catch (err) {
+      if (err instanceof ProtocolError) this.#emit('error', { code: 'bad_audio_frame', message: err.message });
+      return;
+    }
+    if (frame.codec !== CODEC_PCM16) {
+      if (!this.#badCodecReported) this.#emit('error', { code: 'unsupported_codec', message: `codec ${frame.codec}` });
+      this.#badCodecReported = true;
+      return;
+    }
+    this.player.push(frame);
+  }
+
+  /** @param {import('./jitter.js').JitterEvent & {roomMs: number}} e */
+  #onPlayback(e) {
+    const start = this.#starts.get(e.seq);
+    if (e.type === 'begin') {
+      const sentMs = this.#ours.get(e.seq);
+      let ttfaMs = null;
+      if (sentMs !== undefined) {
+        // When the first sample is heard, on the local clock, minus when the line was sent.
+        ttfaMs = this.clock.toLocalMs(e.roomMs) - sentMs;
+        this.ttfaMs = ttfaMs;
+      }
+      this.#emit('playing', { utterance: e.seq, chunk: e.chunk, roomMs: e.roomMs, ttfaMs, own: sentMs !== undefined,
+        sender: start?.sender, voice: start?.voice, text: start?.text });
+    } else {
+      this.#emit('finished', { utterance: e.seq, roomMs: e.roomMs, sender: start?.sender, text: start?.text });
+    }
+  }
+
+  /** @param {ConnectionState} state @param {object} [extra] */
+  #setState(state, extra = {}) {
+    if (this.state === state && !('code' in extra)) return;
+    this.state = state;
+    this.#emit('state', { state, ...extra });
+  }
+
+  /** @param {string} type @param {any} detail */
+  #emit(type, detail) {
+    this.dispatchEvent(new CustomEvent(type, { detail }));
+  }
+}
+
+function randomId() {
+  const bytes = new Uint8Array(6);
+  crypto.getRandomValues(bytes);
+  return Array.from(bytes, (b) => b.toString(16).padStart(2, '0')).join('');
+}
