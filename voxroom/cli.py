@@ -47,7 +47,12 @@ def _run_gateway(settings: Settings) -> None:
                             log_level=settings.log_level.lower(), ws_max_size=64 * 1024,
                             ws_ping_interval=20.0, ws_ping_timeout=20.0, timeout_graceful_shutdown=5,
                             lifespan="on")
-    uvicorn.Server(config).run()
+    try:
+        uvicorn.Server(config).run()
+    except KeyboardInterrupt:
+        # uvicorn shuts down gracefully on SIGINT/SIGTERM and then re-raises the signal; the stop
+        # was asked for, so it is a clean exit.
+        pass
 
 
 async def _worker_main(settings: Settings) -> None:

@@ -139,7 +139,7 @@ def decode_client_frame(data: str | bytes) -> dict[str, Any]:
             raise ProtocolError(ErrorCode.BAD_JSON, "a message must be a JSON object")
         return obj
     try:
-        obj = msgpack.unpackb(data, raw=False, strict_map_key=True, max_buffer_size=MAX_FRAME_BYTES)
+        obj = msgpack.unpackb(data, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises a zoo of types (ExtraData, FormatError, ValueError...)
         raise ProtocolError(ErrorCode.BAD_MSGPACK, f"binary frame is not msgpack: {type(exc).__name__}",
                             fatal=True) from None

@@ -16,7 +16,6 @@ import socket
 import subprocess
 import tempfile
 import time
-from pathlib import Path
 
 from voxroom.errors import ConfigError
 

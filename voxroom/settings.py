@@ -11,8 +11,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from voxroom import protocol
-
 
 def _bool(value: str) -> bool:
     if value.lower() in {"1", "true", "yes", "on"}:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from redis.asyncio import Redis
+from redis.asyncio import ConnectionPool, Redis
 from redis.exceptions import ResponseError
 
 from voxroom import keys
@@ -21,6 +21,11 @@ log = logging.getLogger("voxroom.worker.bus")
 class WorkerBus:
     def __init__(self, redis: Redis, consumer: str, *, output_maxlen: int = 3000) -> None:
         self.redis = redis
+        # Output entries carry binary audio: the blocked read that watches a room's output stream
+        # must not decode it. Same server and options, raw bytes.
+        raw_kwargs = {**redis.connection_pool.connection_kwargs, "decode_responses": False}
+        self.raw = Redis(connection_pool=ConnectionPool(connection_class=redis.connection_pool.connection_class,
+                                                        **raw_kwargs))
         self.consumer = consumer
         self.output_maxlen = output_maxlen
 
@@ -33,13 +38,13 @@ class WorkerBus:
 
     async def read_jobs(self, count: int, block_ms: int) -> list[Job]:
         """New jobs for this consumer, at most ``count``; waits up to ``block_ms`` for the first."""
-        resp = await self.redis.xreadgroup(keys.JOBS_GROUP, self.consumer, {keys.JOBS: ">"},
+        resp: Any = await self.redis.xreadgroup(keys.JOBS_GROUP, self.consumer, {keys.JOBS: ">"},
                                            count=count, block=block_ms)
         return await self._parse(resp[0][1] if resp else [])
 
     async def claim_stale(self, min_idle_ms: int, count: int) -> list[Job]:
         """Jobs left pending by a consumer that went quiet (a dead worker), now ours."""
-        resp = await self.redis.xautoclaim(keys.JOBS, keys.JOBS_GROUP, self.consumer,
+        resp: Any = await self.redis.xautoclaim(keys.JOBS, keys.JOBS_GROUP, self.consumer,
                                            min_idle_time=min_idle_ms, start_id="0-0", count=count)
         # Redis 6.2 answers [cursor, entries]; 7.x adds the ids of deleted entries.
         entries = resp[1] if len(resp) >= 2 else []
@@ -48,7 +53,8 @@ class WorkerBus:
     async def touch(self, entry_ids: list[str]) -> None:
         """Reset the idle time of jobs we are still working on, so nobody claims them from us."""
         if entry_ids:
-            await self.redis.xclaim(keys.JOBS, keys.JOBS_GROUP, self.consumer, 0, entry_ids, justid=True)
+            ids: list[Any] = list(entry_ids)
+            await self.redis.xclaim(keys.JOBS, keys.JOBS_GROUP, self.consumer, 0, ids, justid=True)
 
     async def ack(self, entry_id: str) -> None:
         await self.redis.xack(keys.JOBS, keys.JOBS_GROUP, entry_id)
@@ -79,10 +85,13 @@ class WorkerBus:
 
     async def wait_output(self, room: str, after_id: str, block_ms: int) -> str:
         """Block until the room's output stream has an entry after ``after_id``; return the new tail."""
-        resp = await self.redis.xread({keys.room_output(room): after_id}, block=max(1, block_ms))
+        resp: Any = await self.raw.xread({keys.room_output(room): after_id}, block=max(1, block_ms), count=64)
         if resp:
-            return str(resp[0][1][-1][0])
+            return bytes(resp[0][1][-1][0]).decode()
         return after_id
+
+    async def close(self) -> None:
+        await self.raw.aclose()
 
     async def skip_to(self, room: str, seq: int) -> None:
         """Let ``seq`` play even though an earlier utterance never finished (it waited too long)."""
@@ -92,7 +101,7 @@ class WorkerBus:
 
     # -- output --------------------------------------------------------------------------------
 
-    async def publish(self, room: str, entries: list[dict[str, Any]]) -> None:
+    async def publish(self, room: str, entries: list[dict[Any, Any]]) -> None:
         pipe = self.redis.pipeline(transaction=False)
         for fields in entries:
             pipe.xadd(keys.room_output(room), fields, maxlen=self.output_maxlen, approximate=True)
@@ -107,7 +116,7 @@ class WorkerBus:
         await self.redis.eval(_FINISH, 2, keys.room_output(room), keys.room_state(room),
                               seq + 1, f"{end_ms:.3f}", self.output_maxlen, *flat)
 
-    async def heartbeat(self, worker_id: str, fields: dict[str, Any], ttl_s: int) -> None:
+    async def heartbeat(self, worker_id: str, fields: dict[Any, Any], ttl_s: int) -> None:
         key = keys.worker_heartbeat(worker_id)
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(key, mapping=fields)

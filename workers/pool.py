@@ -23,8 +23,8 @@ def detect_devices(cpu_contexts: int) -> list[str]:
     try:
         import torch
     except ImportError:
-        torch = None
-    if torch is not None and torch.cuda.is_available():
+        return ["cpu"] * max(1, cpu_contexts)
+    if torch.cuda.is_available():
         return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
     return ["cpu"] * max(1, cpu_contexts)
 

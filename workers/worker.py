@@ -88,6 +88,7 @@ class Worker:
             except (RedisConnectionError, RedisTimeoutError, OSError):
                 pass
             self.pool.close()
+            await self.bus.close()
             log.info("worker %s stopped", self.id)
 
     async def _drain(self) -> None:

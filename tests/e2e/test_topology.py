@@ -1,0 +1,48 @@
+"""Several gateways and several workers on one Redis serve the same rooms."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.processes import start_gateway, start_worker
+from tests.support.room_client import RoomClient
+from voxroom.redis_server import RedisServer
+
+
+@pytest.fixture
+def own_redis() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+async def test_clients_on_two_gateways_hear_the_same_room_from_two_workers(own_redis: RedisServer,
+                                                                          tmp_path: Path) -> None:
+    workers = [start_worker(own_redis.url, tmp_path, engine="offline", contexts=1, name=f"w{i}") for i in range(2)]
+    gateways = [start_gateway(own_redis.url, tmp_path) for _ in range(2)]
+    try:
+        (_, port_a), (_, port_b) = gateways
+        async with RoomClient(port_a, "village") as a, RoomClient(port_b, "village") as b:
+            lines = [f"Player {n} speaks now." for n in range(1, 7)]
+            for i, line in enumerate(lines):
+                await (a if i % 2 == 0 else b).say(line, voice="en-espeak" if i % 3 else "en-joe")
+            await a.wait_ends(6, timeout=60)
+            await b.wait_ends(6, timeout=60)
+            await asyncio.sleep(0.2)
+        for client in (a, b):
+            assert [e["utterance"] for e in client.got.ends()] == [1, 2, 3, 4, 5, 6]
+            assert [s["text"] for s in client.got.of("start")] == lines
+        assert [(f.seq, f.chunk, f.pts_us) for f in a.got.frames] == \
+               [(f.seq, f.chunk, f.pts_us) for f in b.got.frames]
+        # Both workers took part: each logged utterances it published.
+        published = [w.log_text().count(" ok: ") for w in workers]
+        assert sum(published) == 6
+        assert all(n > 0 for n in published), f"one worker did nothing: {published}"
+    finally:
+        for proc, _ in gateways:
+            proc.stop()
+        for w in workers:
+            w.stop()

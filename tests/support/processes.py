@@ -1,0 +1,106 @@
+"""Start real voxroom processes for tests: ``voxroom gateway`` and ``voxroom worker``.
+
+They run as separate OS processes on free ports against a real redis-server, exactly as an
+operator would run them, so fault tests can SIGKILL them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from voxroom.redis_server import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Proc:
+    def __init__(self, args: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.args = args
+        self.log_path = log_path
+        self._log = open(log_path, "ab")
+        self.popen = subprocess.Popen(args, env=env, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
+                                      start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log_text(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def kill(self) -> None:
+        """SIGKILL the process group, as a crash would."""
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGKILL)
+        self.popen.wait(10)
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._log.close()
+        return self.popen.returncode
+
+
+def base_env(redis_url: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VOXROOM_")}
+    env.update({"REDIS_URL": redis_url, "VOXROOM_LOG_LEVEL": "INFO", "PYTHONUNBUFFERED": "1"})
+    env.update(extra)
+    return env
+
+
+def wait_http(url: str, timeout: float = 30.0, proc: Proc | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and not proc.alive():
+            raise RuntimeError(f"process died while starting:\n{proc.log_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as resp:
+                if resp.status < 500:
+                    return
+        except urllib.error.HTTPError as exc:
+            if exc.code < 500 or exc.code == 503:
+                return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"{url} did not answer within {timeout} s")
+
+
+def start_gateway(redis_url: str, log_dir: Path, *, port: int | None = None, **env: str) -> tuple[Proc, int]:
+    port = port or free_port()
+    proc = Proc([sys.executable, "-m", "voxroom", "gateway", "--port", str(port), "--insecure-dev"],
+                base_env(redis_url, **env), log_dir / f"gateway-{port}.log")
+    wait_http(f"http://127.0.0.1:{port}/healthz", proc=proc)
+    return proc, port
+
+
+def start_worker(redis_url: str, log_dir: Path, *, engine: str = "offline", contexts: int = 1,
+                 name: str = "worker", **env: str) -> Proc:
+    proc = Proc([sys.executable, "-m", "voxroom", "worker", "--engine", engine, "--contexts", str(contexts)],
+                base_env(redis_url, **env), log_dir / f"{name}-{time.monotonic_ns()}.log")
+    deadline = time.monotonic() + 60
+    while "ready:" not in proc.log_text():
+        if not proc.alive():
+            raise RuntimeError(f"worker died while starting:\n{proc.log_text()[-3000:]}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"worker not ready:\n{proc.log_text()[-3000:]}")
+        time.sleep(0.05)
+    return proc
