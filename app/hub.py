@@ -75,7 +75,7 @@ class _Reader:
             streams: dict[Any, Any] = {keys.room_output(r): c for r, c in self.cursors.items()}
             streams[self.wake_key] = self._wake_cursor
             try:
-                resp = await redis.xread(streams, count=READ_COUNT, block=5000)
+                resp: Any = await redis.xread(streams, count=READ_COUNT, block=5000)
                 backoff = 0.1
             except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
                 log.warning("hub reader %d: redis unavailable (%s); retrying in %.1f s", self.index, exc, backoff)
