@@ -14,10 +14,12 @@ import pytest
 
 pytest.importorskip("ChatTTS", reason="needs the chattts extra (scripts/install_chattts.sh)")
 
-from voxroom.voices import Voice  # noqa: E402
-from workers.engines.base import SynthesisRequest  # noqa: E402
-from workers.engines.chattts import ChatTTSEngine  # noqa: E402
-from workers.engines.chattts import random_checkpoint  # noqa: E402
+from voxroom.voices import Voice
+from workers.engines.base import SynthesisRequest
+from workers.engines.chattts import (
+    ChatTTSEngine,
+    random_checkpoint,
+)
 
 VOICES = {
     "a": Voice(id="a", engine="chattts", language="eng", params={"seed": 11}),

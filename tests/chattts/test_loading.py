@@ -77,7 +77,7 @@ def test_corrupt_file_with_matching_hash_is_model_not_found(tiny_dir: Path, tmp_
 def test_custom_without_hash_map_is_model_not_found(tiny_dir: Path, tmp_path: Path) -> None:
     model = _copy(tiny_dir, tmp_path)
     (model / "sha256_map.json").unlink()
-    with pytest.raises(ModelNotFound, match="sha256_map.json"):
+    with pytest.raises(ModelNotFound, match=r"sha256_map\.json"):
         load_chat(source="custom", custom_path=model)
 
 

@@ -8,13 +8,14 @@ Those defaults are *shared class-level instances*, so we replace sub-objects and
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 ARCH_FILE = "voxroom_arch.json"
 
 
-def read_arch(root: str | Path) -> dict[str, Any] | None:
+def read_arch(root: str | os.PathLike[str]) -> dict[str, Any] | None:
     path = Path(root) / ARCH_FILE
     if not path.is_file():
         return None

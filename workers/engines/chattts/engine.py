@@ -70,7 +70,7 @@ class ChatTTSEngine:
         self.fp16 = fp16
         self.empty_cache_every = empty_cache_every
         self.interpolation_steps = interpolation_steps
-        self.fade_samples = int(round(fade_ms * self.sample_rate / 1000))
+        self.fade_samples = round(fade_ms * self.sample_rate / 1000)
         self.max_batch = max_batch
         self.seed = seed
         # min_new_tokens >= 1: a row that ends at step 0 would be silent (upstream regenerates instead).
@@ -233,4 +233,6 @@ def _quantize_int8(llama: torch.nn.Module) -> torch.nn.Module:
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", UserWarning)
-        return quantize_dynamic(llama, {torch.nn.Linear}, dtype=torch.qint8)
+        quantized: torch.nn.Module = quantize_dynamic(  # type: ignore[no-untyped-call]
+            llama, {torch.nn.Linear}, dtype=torch.qint8)
+        return quantized

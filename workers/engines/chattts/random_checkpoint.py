@@ -168,7 +168,7 @@ def _spk_stat(dim: int) -> str:
 
 
 def _write_tokenizer(directory: Path) -> list[str]:
-    from transformers import BertTokenizerFast
+    from transformers import BertTokenizerFast  # type: ignore[attr-defined]  # lazy export
 
     directory.mkdir(parents=True, exist_ok=True)
     letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
@@ -189,11 +189,12 @@ def _write_tokenizer(directory: Path) -> list[str]:
 
 
 def _write_modules(asset: Path, arch: dict[str, Any]) -> None:
+    from dataclasses import asdict
+
     import torch
     from ChatTTS.config import Config
     from ChatTTS.model.dvae import DVAE, ConvNeXtBlock
     from ChatTTS.model.embed import Embed
-    from dataclasses import asdict
     from safetensors.torch import save_file
     from transformers import LlamaConfig, LlamaModel
     from vocos import Vocos
@@ -229,6 +230,10 @@ def _write_modules(asset: Path, arch: dict[str, Any]) -> None:
     save(decoder, "Decoder.safetensors")
     g = config.gpt
     embed = Embed(g.hidden_size, g.num_audio_tokens, g.num_text_tokens, g.num_vq)
+    # nn.Embedding starts at N(0, 1): token vectors of norm sqrt(hidden) would drown the unit-norm speaker
+    # embedding ChatTTS writes at [spk_emb], and every voice would sound the same. Unit-scale them.
+    for table in (embed.emb_text, *embed.emb_code):
+        table.weight.normal_(0.0, g.hidden_size ** -0.5)
     save(embed, "Embed.safetensors")
     gpt_args = {k: v for k, v in asdict(g).items()
                 if k not in {"spk_emb_dim", "spk_KL", "num_audio_tokens", "num_text_tokens", "num_vq"}}
