@@ -23,7 +23,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from app.connection import ClientConnection
-from voxroom import keys
+from voxroom import keys, metrics
 from voxroom.protocol import ROOM_RATE
 
 log = logging.getLogger("voxroom.gateway.hub")
@@ -172,6 +172,8 @@ class RoomHub:
                     client.send_audio(frame)
                 continue
             text = control_message(fields)
+            if fields.get(b"kind") == b"start":  # travels with the utterance's first slice
+                metrics.FIRST_AUDIO.started(room, int(fields[b"seq"]))
             if text is not None:
                 for client in members:
                     client.send_text(text)

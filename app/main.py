@@ -25,6 +25,7 @@ from starlette.staticfiles import StaticFiles
 from app.directory import WorkerDirectory
 from app.hub import RoomHub
 from app.ingress import Ingress
+from app.metrics import metrics_endpoint
 from app.state import GatewayState
 from app.ws import room_endpoint
 from voxroom.protocol import CloseCode
@@ -104,6 +105,7 @@ def create_app(settings: Settings, *, catalog: Catalog | None = None) -> Starlet
         Route("/", index),
         Route("/healthz", healthz),
         Route("/readyz", readyz),
+        Route("/metrics", metrics_endpoint),
         Route("/v1/voices", voices),
         WebSocketRoute("/rooms/{room_id}/ws", room_endpoint),
         Mount("/client", app=StaticFiles(directory=CLIENT_DIR, check_dir=False), name="client"),

@@ -16,7 +16,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from app.connection import ClientConnection
 from app.state import GatewayState
-from voxroom import protocol
+from voxroom import metrics, protocol
 from voxroom.errors import UnknownVoice
 from voxroom.protocol import CloseCode, ErrorCode, ProtocolError
 
@@ -33,6 +33,7 @@ async def room_endpoint(websocket: WebSocket) -> None:
     if state.connections >= state.settings.max_connections or state.draining:
         await websocket.accept()
         code = CloseCode.SERVICE_RESTART if state.draining else CloseCode.TRY_AGAIN_LATER
+        metrics.CONNECTIONS_REFUSED.labels(str(code)).inc()
         await websocket.close(code, "gateway full; retry later" if not state.draining else "restarting")
         return
     client_id = websocket.query_params.get("client") or uuid.uuid4().hex[:12]
@@ -57,6 +58,7 @@ async def room_endpoint(websocket: WebSocket) -> None:
         await state.hub.leave(conn)
         state.clients.discard(conn)
         state.connections -= 1
+        metrics.CLOSED_CLIENTS.client_closed(conn.sent_audio, conn.dropped_audio)
         await asyncio.wait([writer], timeout=1.0)
         if not writer.done():
             writer.cancel()
@@ -81,6 +83,7 @@ async def _receive_loop(websocket: WebSocket, conn: ClientConnection, state: Gat
             parsed = protocol.parse_client_message(protocol.decode_client_frame(data))
             await _handle(parsed, conn, state)
         except ProtocolError as exc:
+            metrics.ERRORS.labels(exc.code).inc()
             if exc.fatal:
                 conn.close()
                 await websocket.close(CloseCode.UNSUPPORTED_DATA, exc.message[:120])
@@ -105,6 +108,7 @@ async def _handle(msg: protocol.ClientMessage, conn: ClientConnection, state: Ga
                             f"voice {voice.id!r} needs engine {voice.engine!r}, which no worker runs", seq=msg.seq)
     outcome = await state.ingress.say(conn.room, conn.client_id, msg.seq, msg.text, voice.id)
     if outcome.status == "accepted":
+        metrics.FIRST_AUDIO.accepted(conn.room, outcome.utterance)
         conn.send_text(protocol.encode_server_message(
             {"type": "accepted", "seq": msg.seq, "utterance": outcome.utterance}))
     elif outcome.status == "duplicate":

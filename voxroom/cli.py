@@ -34,8 +34,10 @@ def _settings(args: argparse.Namespace) -> Settings:
     return replace(settings, **changes)
 
 
-def _logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def _logging(settings: Settings) -> None:
+    from voxroom.logjson import configure
+
+    configure(settings.log_level, settings.log_format)
 
 
 def _run_gateway(settings: Settings) -> None:
@@ -46,7 +48,9 @@ def _run_gateway(settings: Settings) -> None:
     config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
                             log_level=settings.log_level.lower(), ws_max_size=64 * 1024,
                             ws_ping_interval=20.0, ws_ping_timeout=20.0, timeout_graceful_shutdown=5,
-                            lifespan="on")
+                            lifespan="on",
+                            # JSON logs: uvicorn's loggers propagate to the root handler instead.
+                            log_config=None if settings.log_format == "json" else uvicorn.config.LOGGING_CONFIG)
     try:
         uvicorn.Server(config).run()
     except KeyboardInterrupt:
@@ -73,7 +77,7 @@ async def _worker_main(settings: Settings) -> None:
 
 def cmd_gateway(args: argparse.Namespace) -> int:
     settings = _settings(args)
-    _logging(settings.log_level)
+    _logging(settings)
     print(f"voxroom gateway on http://{settings.host}:{settings.port}/", flush=True)
     _run_gateway(settings)
     return 0
@@ -81,7 +85,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     settings = _settings(args)
-    _logging(settings.log_level)
+    _logging(settings)
     asyncio.run(_worker_main(settings))
     return 0
 
@@ -91,7 +95,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from voxroom.redis_server import RedisServer
 
     settings = _settings(args)
-    _logging(settings.log_level)
+    _logging(settings)
     redis_server: RedisServer | None = None
     worker: subprocess.Popen[bytes] | None = None
     try:
@@ -158,6 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     common(worker)
     worker_opts(worker)
     worker.set_defaults(func=cmd_worker)
+    from voxroom.rooms import add_commands
+
+    add_commands(sub, common, _settings)
     return parser
 
 

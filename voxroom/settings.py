@@ -29,6 +29,8 @@ class Settings:
     """A voice catalog JSON file; ``None`` uses the bundled catalog."""
     default_voice: str = "en-joe"
     log_level: str = "INFO"
+    log_format: str = "text"
+    """``text`` (human) or ``json`` (one object per line, for log shippers)."""
 
     # --- gateway ------------------------------------------------------------------------------
     host: str = "127.0.0.1"

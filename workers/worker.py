@@ -25,6 +25,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from voxroom.clock import RoomClock
+from voxroom.metrics import context_fields
 from voxroom.voices import Catalog
 from workers.bus import WorkerBus
 from workers.context import Context
@@ -182,6 +183,7 @@ class Worker:
                     "contexts": ",".join(c.device for c in self.pool.contexts),
                     "load": self.pool.load(), "free": self.pool.free(), "published": self.published,
                     "rtf": f"{_rtf(self.pool):.3f}", "pid": os.getpid(), "time_ms": int(time.time() * 1000),
+                    **context_fields(self.pool.contexts),
                 }, HEARTBEAT_TTL_S)
             except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
                 log.warning("worker %s: heartbeat failed: %s", self.id, exc)
