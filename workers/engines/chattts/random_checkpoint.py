@@ -241,3 +241,21 @@ def _write_modules(asset: Path, arch: dict[str, Any]) -> None:
     llama = LlamaModel(LlamaConfig(**gpt_args, vocab_size=1, bos_token_id=None, eos_token_id=None,
                                     pad_token_id=None))
     llama.save_pretrained(str(asset / "gpt"), safe_serialization=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m workers.engines.chattts.random_checkpoint DIR [--size tiny|full]``: for end-to-end
+    tests and benchmarks elsewhere (then ``--engine chattts`` with source ``custom`` and that dir)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("directory")
+    ap.add_argument("--size", choices=["tiny", "full"], default="tiny")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    build(args.directory, args.size, args.seed)
+    print(args.directory)
+
+
+if __name__ == "__main__":
+    main()
