@@ -152,8 +152,8 @@ function showStats(s) {
   $('s-late').textContent = String(s.lateDrops);
   $('s-concealed').textContent = String(s.concealed);
   $('s-underruns').parentElement.parentElement.classList.toggle('bad', s.underruns > 0);
-  $('s-rtt').textContent = Number.isFinite(s.rttMs) ? `${s.rttMs.toFixed(1)} ms` : '–';
-  $('s-rate').textContent = s.sampleRate ? `out ${s.sampleRate / 1000} kHz` : '';
+  $('s-rate').textContent = s.sampleRate ? `${s.sampleRate / 1000} kHz` : '–';
+  $('s-rtt').textContent = Number.isFinite(s.rttMs) ? `rtt ${s.rttMs.toFixed(1)} ms` : '';
 }
 
 /** @param {string} message */
