@@ -1,0 +1,91 @@
+"""docker-compose.yml against the CLI: there is no Docker engine here, so check what can go wrong
+without one: every ``voxroom`` command parses, every variable is a setting with a valid value,
+each worker reserves its own GPU, and nginx's upstreams are exactly the gateway services."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.support.processes import ROOT
+from voxroom.cli import build_parser
+from voxroom.settings import Settings
+
+COMPOSE = ROOT / "docker-compose.yml"
+
+
+@pytest.fixture(scope="module")
+def services() -> dict[str, dict[str, Any]]:
+    doc = yaml.safe_load(COMPOSE.read_text())
+    return dict(doc["services"])
+
+
+def _interpolate(value: str) -> str:
+    """Compose's ``${VAR:-default}`` / ``${VAR:?error}``: the default, or a stand-in for a required one."""
+    def one(m: re.Match[str]) -> str:
+        _name, op, arg = m.group(1), m.group(2) or "", m.group(3) or ""
+        return arg if op.startswith(":-") or op.startswith("-") else "set-by-operator"
+    return re.sub(r"\$\{(\w+)(:?[-?])?([^}]*)\}", one, value)
+
+
+def _env(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) for item in env)
+    return {k: _interpolate(str(v)) for k, v in env.items()}
+
+
+def test_every_voxroom_command_parses(services: dict[str, dict[str, Any]]) -> None:
+    parser = build_parser()
+    voxroom_services = {name: s for name, s in services.items() if (s.get("command") or [""])[0] == "voxroom"}
+    assert {n for n, s in voxroom_services.items() if s["command"][1] == "gateway"} >= {"gateway-1", "gateway-2"}
+    assert {n for n, s in voxroom_services.items() if s["command"][1] == "worker"} >= {"worker-gpu0", "worker-gpu1"}
+    for name, service in voxroom_services.items():
+        try:
+            parser.parse_args(service["command"][1:])
+        except SystemExit:
+            pytest.fail(f"{name}: `{' '.join(service['command'])}` is not accepted by voxroom's CLI")
+
+
+def test_every_variable_is_a_setting_with_a_valid_value(services: dict[str, dict[str, Any]]) -> None:
+    known = set(Settings.env_names())
+    for name, service in services.items():
+        if (service.get("command") or [""])[0] != "voxroom":
+            continue
+        env = _env(service)
+        unknown = {k for k in env if (k.startswith("VOXROOM_") or k == "REDIS_URL") and k not in known}
+        assert not unknown, f"{name} sets {unknown}, which Settings does not know"
+        assert env["REDIS_URL"] == "redis://redis:6379/0"
+        Settings.from_env(env)  # values parse (ints are ints, booleans are booleans)
+
+
+def test_one_worker_per_gpu(services: dict[str, dict[str, Any]]) -> None:
+    seen: list[str] = []
+    for name, service in services.items():
+        if name.startswith("worker"):
+            (device,) = service["deploy"]["resources"]["reservations"]["devices"]
+            assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
+            (gpu,) = device["device_ids"]
+            seen.append(gpu)
+    assert len(seen) >= 2 and len(set(seen)) == len(seen), seen
+
+
+def test_redis_persists_and_nginx_fronts_every_gateway(services: dict[str, dict[str, Any]]) -> None:
+    redis_cmd = services["redis"]["command"]
+    assert redis_cmd[redis_cmd.index("--appendonly") + 1] == "yes"
+    assert any(v.endswith(":/data") for v in services["redis"]["volumes"])
+    gateways = {f"{n}:8000" for n, s in services.items() if s.get("command", [""])[1:2] == ["gateway"]}
+    upstreams = set(re.findall(r"^\s*server (\S+?)[;\s]", (ROOT / "nginx" / "upstreams.conf").read_text(), re.M))
+    assert upstreams == gateways
+    mounts = " ".join(services["nginx"]["volumes"])
+    for conf in ("nginx.conf", "voxroom.conf", "upstreams.conf"):
+        assert f"./nginx/{conf}:" in mounts
+        assert (ROOT / "nginx" / conf).exists()
+    assert (ROOT / "Dockerfile").exists()
+    targets = {s["build"]["target"] for s in services.values() if "build" in s}
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    for target in targets:
+        assert re.search(rf"^FROM \S+ AS {target}$", dockerfile, re.M), target
