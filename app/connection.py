@@ -16,14 +16,17 @@ from collections import deque
 
 from starlette.websockets import WebSocket
 
-from voxroom.protocol import CloseCode
+from voxroom.protocol import CODEC_PCM16, CloseCode
 
 log = logging.getLogger("voxroom.gateway.connection")
 
 
 class ClientConnection:
-    def __init__(self, websocket: WebSocket, *, room: str, client_id: str, limit: int = 50) -> None:
+    def __init__(self, websocket: WebSocket, *, room: str, client_id: str, limit: int = 50,
+                 codec: int = CODEC_PCM16) -> None:
         self.websocket = websocket
+        self.codec = codec
+        """Which copy of each audio frame this client gets (``?codec=`` on the WebSocket URL)."""
         self.room = room
         self.client_id = client_id
         self.limit = limit

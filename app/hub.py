@@ -24,7 +24,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from app.connection import ClientConnection
 from voxroom import keys, metrics
-from voxroom.protocol import ROOM_RATE
+from voxroom.protocol import CODEC_OPUS, ROOM_RATE
 
 log = logging.getLogger("voxroom.gateway.hub")
 
@@ -168,8 +168,11 @@ class RoomHub:
             frame = fields.get(b"frame")
             if frame is not None:
                 self.frames_in += 1
+                # Workers encode Opus once per room; a chunk without it (PyAV missing there, or
+                # VOXROOM_OPUS_BITRATE=0) reaches Opus clients as PCM: the codec byte says which.
+                opus = fields.get(b"opus")
                 for client in members:
-                    client.send_audio(frame)
+                    client.send_audio(opus if opus is not None and client.codec == CODEC_OPUS else frame)
                 continue
             text = control_message(fields)
             if fields.get(b"kind") == b"start":  # travels with the utterance's first slice

@@ -19,6 +19,7 @@ from app.state import GatewayState
 from voxroom import metrics, protocol
 from voxroom.errors import UnknownVoice
 from voxroom.protocol import CloseCode, ErrorCode, ProtocolError
+from voxroom.voice_search import resolve_scene
 
 log = logging.getLogger("voxroom.gateway.ws")
 
@@ -41,8 +42,14 @@ async def room_endpoint(websocket: WebSocket) -> None:
         await websocket.accept()
         await websocket.close(CloseCode.POLICY_VIOLATION, "bad client id")
         return
+    codec = protocol.CODECS_BY_NAME.get(websocket.query_params.get("codec") or "pcm16")
+    if codec is None:
+        await websocket.accept()
+        await websocket.close(CloseCode.POLICY_VIOLATION, "codec must be pcm16 or opus")
+        return
     await websocket.accept()
-    conn = ClientConnection(websocket, room=room, client_id=client_id, limit=state.settings.send_queue_slices)
+    conn = ClientConnection(websocket, room=room, client_id=client_id, limit=state.settings.send_queue_slices,
+                            codec=codec)
     state.connections += 1
     state.clients.add(conn)
     writer = asyncio.create_task(conn.run_writer(), name=f"room:{room}:client:{client_id}:writer")
@@ -51,7 +58,7 @@ async def room_endpoint(websocket: WebSocket) -> None:
         conn.send_text(protocol.encode_server_message({
             "type": "welcome", "protocol": protocol.PROTOCOL_VERSION, "room": room, "client": client_id,
             "sample_rate": protocol.ROOM_RATE, "slice_ms": protocol.SLICE_MS, "voice": state.catalog.default,
-            "server_ms": time.time() * 1000.0}))
+            "server_ms": time.time() * 1000.0, "codec": protocol.CODEC_NAMES[codec]}))
         await _receive_loop(websocket, conn, state, writer)
     finally:
         conn.close()
@@ -100,7 +107,8 @@ async def _handle(msg: protocol.ClientMessage, conn: ClientConnection, state: Ga
     if isinstance(msg, protocol.Resume):
         return  # resume is served by the reliability layer; accepted and ignored until then
     try:
-        voice = state.catalog.get(msg.voice)
+        voice = (resolve_scene(state.catalog, msg.scene, lambda v: state.directory.serves(v.engine))
+                 if msg.scene is not None else state.catalog.get(msg.voice))
     except UnknownVoice as exc:
         raise ProtocolError(ErrorCode.UNKNOWN_VOICE, str(exc), seq=msg.seq) from None
     if not state.directory.serves(voice.engine):

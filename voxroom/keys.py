@@ -21,7 +21,12 @@ key                                    type      what
 ``vx:worker:{id}``                     hash      worker heartbeat: engines, contexts, load (TTL)
 ``vx:gw:{id}:wake:{n}``                stream    private to one gateway reader: XADD wakes its
                                                  blocked XREAD when its room set changes
+``vx:cache:{slot}``                    hash      audio cache, one entry per slot (``fp``, ``pcm``):
+                                                 slot = fingerprint mod ``cache_slots``, with a TTL
 =====================================  ========  ====================================================
+
+Rooms whose id starts with ``_api-`` are private to one ``POST /v1/audio/speech`` request: they
+are deleted when it ends and are not room listings' business.
 """
 
 from __future__ import annotations
@@ -62,3 +67,10 @@ def worker_pattern() -> str:
 
 def gateway_wake(gateway_id: str, reader: int) -> str:
     return f"{PREFIX}:gw:{gateway_id}:wake:{reader}"
+
+
+PRIVATE_ROOM_PREFIX = "_api-"
+
+
+def cache_slot(slot: int) -> str:
+    return f"{PREFIX}:cache:{slot}"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypedDict
 
@@ -30,10 +31,14 @@ MAX_VOICE_CHARS: Final = 64
 MAX_SEQ: Final = 2**53 - 1  # JSON-safe integer range: JavaScript clients must round-trip it.
 ROOM_ID_RE: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 VOICE_RE: Final = re.compile(r"^[A-Za-z0-9_.:+-]{1,64}$")
+SCENE_KEY_RE: Final = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+MAX_SCENE_TAGS: Final = 16
+MAX_SCENE_VALUE_CHARS: Final = 64
 
 CODEC_PCM16: Final = 0
 CODEC_OPUS: Final = 1
 CODEC_NAMES: Final = {CODEC_PCM16: "pcm16", CODEC_OPUS: "opus"}
+CODECS_BY_NAME: Final = {name: code for code, name in CODEC_NAMES.items()}
 
 FLAG_FIRST: Final = 0x01
 FLAG_LAST: Final = 0x02
@@ -97,6 +102,9 @@ class Say:
     seq: int
     text: str
     voice: str | None = None
+    scene: Mapping[str, str] | None = None
+    """Tags (``{"emotion": "angry", "language": "yue"}``) the gateway resolves to the best voice
+    instead of naming one (docs/voices.md). At most one of ``voice`` and ``scene``."""
     type: Literal["say"] = "say"
 
 
@@ -174,7 +182,10 @@ def parse_client_message(obj: dict[str, Any]) -> ClientMessage:
         voice = obj.get("voice")
         if voice is not None and (not isinstance(voice, str) or not VOICE_RE.match(voice)):
             raise ProtocolError(ErrorCode.UNKNOWN_VOICE, "'voice' must be a catalog voice id", seq=seq)
-        return Say(seq=seq, text=text, voice=voice)
+        scene = parse_scene(obj.get("scene"), seq=seq)
+        if scene is not None and voice is not None:
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, "give 'voice' or 'scene', not both", seq=seq)
+        return Say(seq=seq, text=text, voice=voice, scene=scene)
     if kind == "ping":
         t = obj.get("t")
         if t is not None and (isinstance(t, bool) or not isinstance(t, int | float)):
@@ -185,6 +196,26 @@ def parse_client_message(obj: dict[str, Any]) -> ClientMessage:
     if not isinstance(kind, str):
         raise ProtocolError(ErrorCode.BAD_MESSAGE, "'type' must be a string")
     raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown message type {kind[:32]!r}")
+
+
+def parse_scene(value: object, *, seq: int | None = None) -> dict[str, str] | None:
+    """Validate a scene: a non-empty object of at most :data:`MAX_SCENE_TAGS` lower-case tag names
+    to non-empty strings. ``None`` stays ``None``. Raises :class:`ProtocolError` (``bad_message``)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not value or len(value) > MAX_SCENE_TAGS:
+        raise ProtocolError(ErrorCode.BAD_MESSAGE,
+                            f"'scene' must be an object of 1-{MAX_SCENE_TAGS} tags", seq=seq)
+    scene: dict[str, str] = {}
+    for key, tag in value.items():
+        if not isinstance(key, str) or not SCENE_KEY_RE.match(key):
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, "scene tag names are 1-32 of a-z 0-9 _", seq=seq)
+        if not isinstance(tag, str) or not tag.strip() or len(tag) > MAX_SCENE_VALUE_CHARS:
+            raise ProtocolError(ErrorCode.BAD_MESSAGE,
+                                f"scene tag {key!r} must be a string of 1-{MAX_SCENE_VALUE_CHARS} characters",
+                                seq=seq)
+        scene[key] = tag.strip()
+    return scene
 
 
 def valid_room_id(room: str) -> bool:
@@ -205,6 +236,9 @@ class Welcome(TypedDict):
     slice_ms: int
     voice: str
     server_ms: float
+    codec: str
+    """``pcm16`` or ``opus``: what the client asked for with ``?codec=`` (audio frames still say
+    their own codec in their header)."""
 
 
 class Accepted(TypedDict):

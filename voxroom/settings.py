@@ -70,6 +70,19 @@ class Settings:
     chattts_int8: bool = False
     chattts_empty_cache_every: int = 50
     batch_window_ms: int = 15
+
+    # --- voices, cache and opus (docs/voices.md, docs/api.md) ----------------------------------
+    opus_bitrate: int = 24_000
+    """Workers publish an Opus copy of every slice at this bit rate; 0 publishes PCM only."""
+    cache_slots: int = 1024
+    """Audio cache: Redis keys ``vx:cache:{0..slots-1}``; 0 turns the cache off."""
+    cache_entry_max_bytes: int = 480_000
+    """Longest cached utterance, in PCM bytes (10 s at 24 kHz). Redis holds at most slots x this."""
+    cache_ttl_s: int = 86_400
+    cache_lru_entries: int = 64
+    """In-process LRU in front of Redis, per worker (hottest lines, no round trip)."""
+    speech_max_streams: int = 32
+    """Concurrent ``POST /v1/audio/speech`` streams per gateway; past it: 503 and Retry-After."""
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def with_(self, **changes: Any) -> Settings:

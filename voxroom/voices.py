@@ -25,6 +25,9 @@ class Voice:
     name: str = ""
     tags: Mapping[str, str] = field(default_factory=dict)
     params: Mapping[str, Any] = field(default_factory=dict)
+    vector: tuple[float, ...] | None = None
+    """Optional hand-set position in the scene-search space (voxroom/voice_search.py); ``None``
+    derives it from the language and tags."""
 
     def public(self) -> dict[str, Any]:
         """What clients see (``GET /v1/voices``): no engine parameters such as embeddings."""
@@ -74,7 +77,8 @@ class Catalog:
     def from_dict(cls, data: Mapping[str, Any]) -> Catalog:
         try:
             voices = [Voice(id=v["id"], engine=v["engine"], language=v["language"], name=v.get("name", ""),
-                            tags=dict(v.get("tags", {})), params=dict(v.get("params", {})))
+                            tags=dict(v.get("tags", {})), params=dict(v.get("params", {})),
+                            vector=tuple(float(x) for x in v["vector"]) if v.get("vector") else None)
                       for v in data["voices"]]
             return cls(voices, data.get("default", voices[0].id if voices else ""))
         except (KeyError, TypeError, IndexError) as exc:

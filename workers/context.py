@@ -21,9 +21,10 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from voxroom.voices import Catalog
+from workers.cache import AudioCache, fingerprint, to_slices
 from workers.engines.base import BatchEngine, Engine, SynthesisRequest
 from workers.job import MAX_UTTERANCE_SLICES, Utterance
-from workers.slicer import Slicer
+from workers.slicer import Slice, Slicer
 
 log = logging.getLogger("voxroom.worker.context")
 
@@ -44,6 +45,8 @@ class Context:
         self._slots = asyncio.Semaphore(inflight)
         self.synth_seconds = 0.0
         self.audio_seconds = 0.0
+        self.cache: AudioCache | None = None
+        """Set by the worker; a hit is published without touching the engine (workers/cache.py)."""
 
     @property
     def load(self) -> int:
@@ -68,10 +71,13 @@ class Context:
             first = await self.queue.get()
             await self._slots.acquire()
             self.active += 1
+            if await self._serve_cached(first, on_started):
+                continue
             batch = [first]
             engine = self._engine_for(first)
             if isinstance(engine, BatchEngine) and engine.max_batch > 1:
-                batch += await self._gather_batch(engine, first)
+                batch += [u for u in await self._gather_batch(engine, first)
+                          if not await self._serve_cached(u, on_started)]
             for utt in batch:
                 on_started(utt)
             future = loop.run_in_executor(self._executor, self._synthesize, engine, batch)
@@ -81,6 +87,37 @@ class Context:
             exc = future.exception()
             if exc is not None:  # _synthesize catches engine errors; this is a bug, keep serving
                 log.error("context %s synthesis crashed", self.name, exc_info=exc)
+            elif self.cache is not None:
+                await self._store(engine, batch, future.result())
+
+    def _fingerprint(self, engine: Engine, utt: Utterance) -> str:
+        request = self._request(utt)
+        return fingerprint(engine=engine.name, model_version=str(getattr(engine, "model_version", "")),
+                           engine_rate=engine.sample_rate, voice=request.voice, text=request.text,
+                           previous_voice=request.previous_voice)
+
+    async def _serve_cached(self, utt: Utterance, on_started: Callable[[Utterance], None]) -> bool:
+        """Publish ``utt`` from the audio cache when it is there (its slot is taken and released by
+        the publisher as for fresh audio). ``False``: a miss, synthesize it."""
+        if self.cache is None:
+            return False
+        pcm = await self.cache.get(self._fingerprint(self._engine_for(utt), utt))
+        if pcm is None:
+            return False
+        on_started(utt)
+        utt.engine_first_chunk_ms = 0.0
+        for piece in to_slices(pcm):
+            utt.slices.put(piece)
+        utt.slices.close()
+        return True
+
+    async def _store(self, engine: Engine, batch: Sequence[Utterance], kept: list[list[Slice]]) -> None:
+        assert self.cache is not None
+        for utt, slices in zip(batch, kept, strict=True):
+            # A failed, cancelled or cut-short utterance is not the line's audio: never cache it.
+            if utt.error is None and not utt.cancel.is_set() and slices:
+                await self.cache.put(self._fingerprint(engine, utt), b"".join(s.tobytes() for s in slices))
+
 
     async def _gather_batch(self, engine: Engine, first: Utterance) -> list[Utterance]:
         """More jobs for the same engine that arrive within the batch window."""
@@ -119,31 +156,37 @@ class Context:
 
     # -- on the context thread -------------------------------------------------------------------
 
-    def _synthesize(self, engine: Engine, batch: Sequence[Utterance]) -> None:
+    def _synthesize(self, engine: Engine, batch: Sequence[Utterance]) -> list[list[Slice]]:
+        """Returns every utterance's slices when the cache wants them (kept by reference, not copied)."""
         started = time.perf_counter()
         slicers = [Slicer(engine.sample_rate) for _ in batch]
+        kept: list[list[Slice]] = [[] for _ in batch]
+        tee = kept if self.cache is not None else None
         try:
             if len(batch) > 1 and isinstance(engine, BatchEngine):
                 chunks = engine.stream_batch([self._request(u) for u in batch], [u.cancel for u in batch])
                 for row, pcm in chunks:
-                    self._feed(batch[row], slicers[row], pcm, started)
+                    self._feed(batch[row], slicers[row], pcm, started, tee[row] if tee else None)
             else:
                 for pcm in engine.stream(self._request(batch[0]), batch[0].cancel):
-                    self._feed(batch[0], slicers[0], pcm, started)
+                    self._feed(batch[0], slicers[0], pcm, started, tee[0] if tee else None)
         except Exception as exc:  # an engine failure fails its utterances, never the context
             log.exception("context %s: engine %s failed", self.name, engine.name)
             for utt in batch:
                 utt.error = f"{type(exc).__name__}: {exc}"
         finally:
-            for utt, slicer in zip(batch, slicers, strict=True):
+            for utt, slicer, mine in zip(batch, slicers, kept, strict=True):
                 if not utt.cancel.is_set():
                     for piece in slicer.flush():
                         utt.slices.put(piece)
+                        mine.append(piece)
                 utt.slices.close()
                 self.audio_seconds += slicer.total_samples / slicer.out_rate
             self.synth_seconds += time.perf_counter() - started
+        return kept
 
-    def _feed(self, utt: Utterance, slicer: Slicer, pcm: object, started: float) -> None:
+    def _feed(self, utt: Utterance, slicer: Slicer, pcm: object, started: float,
+              tee: list[Slice] | None = None) -> None:
         if utt.cancel.is_set():
             return
         if utt.engine_first_chunk_ms is None:
@@ -153,6 +196,8 @@ class Context:
                 utt.cancel.set()  # a runaway engine: cut it, keep what we have
                 return
             utt.slices.put(piece)
+            if tee is not None:
+                tee.append(piece)
 
     def close(self) -> None:
         for engine in self.engines.values():

@@ -91,4 +91,7 @@ def build_worker(settings: Settings, redis: Redis, *, catalog: Catalog | None = 
                        queue_size=settings.context_queue, inflight=settings.context_inflight,
                        batch_window_ms=settings.batch_window_ms)
     return Worker(redis, pool, served, lead_ms=settings.lead_ms, order_wait_ms=settings.order_wait_ms,
-                  claim_idle_ms=settings.claim_idle_ms, output_maxlen=settings.output_stream_maxlen)
+                  claim_idle_ms=settings.claim_idle_ms, output_maxlen=settings.output_stream_maxlen,
+                  opus_bitrate=settings.opus_bitrate, cache_slots=settings.cache_slots,
+                  cache_entry_max_bytes=settings.cache_entry_max_bytes, cache_ttl_s=settings.cache_ttl_s,
+                  cache_lru_entries=settings.cache_lru_entries)

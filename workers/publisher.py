@@ -14,10 +14,11 @@ a pause, never as skipped audio).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from voxroom.clock import RoomClock
-from voxroom.protocol import ROOM_RATE, SLICE_SAMPLES, AudioFrame
+from voxroom.opus import OpusEncoder
+from voxroom.protocol import CODEC_OPUS, ROOM_RATE, SLICE_SAMPLES, AudioFrame
 from workers.bus import WorkerBus
 from workers.job import Utterance
 
@@ -56,7 +57,10 @@ async def wait_for_turn(bus: WorkerBus, utt: Utterance, clock: RoomClock, timeou
 
 
 async def publish_utterance(bus: WorkerBus, utt: Utterance, clock: RoomClock, *, lead_ms: float,
-                            order_wait_ms: float, voice_name: str) -> PublishResult:
+                            order_wait_ms: float, voice_name: str, opus_bitrate: int = 0) -> PublishResult:
+    """``opus_bitrate`` > 0: every chunk entry also carries ``opus``, the same frame Opus-encoded
+    (voxroom/opus.py), so that gateways pick a codec per client without encoding anything: one
+    encoding per room, whatever the number of gateways and listeners."""
     job = utt.job
     turn = await wait_for_turn(bus, utt, clock, order_wait_ms)
     if turn == "stale":
@@ -82,6 +86,7 @@ async def publish_utterance(bus: WorkerBus, utt: Utterance, clock: RoomClock, *,
                                          "voice": voice_name, "text": job.text, "pts_ms": f"{next_pts:.3f}",
                                          "rate": ROOM_RATE}]
     item = first
+    encoder = OpusEncoder(bitrate=opus_bitrate) if opus_bitrate > 0 and first is not None else None
     while item is not None:
         if next_pts < clock.now_ms() + SLICE_MS / 2:
             # The engine fell behind real time: move the rest later rather than publish it late.
@@ -91,7 +96,11 @@ async def publish_utterance(bus: WorkerBus, utt: Utterance, clock: RoomClock, *,
         frame = AudioFrame(room=job.room, seq=job.seq, chunk=chunk, pts_us=int(next_pts * 1000),
                            sample_rate=ROOM_RATE, samples=int(item.size), payload=item.tobytes(),
                            first=chunk == 0, last=utt.slices.next_is_end())
-        pending.append({"kind": "chunk", "seq": job.seq, "chunk": chunk, "frame": frame.encode()})
+        entry: dict[str, object] = {"kind": "chunk", "seq": job.seq, "chunk": chunk, "frame": frame.encode()}
+        if encoder is not None:
+            payload = encoder.encode(item) + (encoder.flush() if frame.last else b"")
+            entry["opus"] = replace(frame, codec=CODEC_OPUS, payload=payload).encode()
+        pending.append(entry)
         chunk += 1
         next_pts += SLICE_MS
         # Slices that are already due go out in one round trip; otherwise publish this one now.

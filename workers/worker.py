@@ -24,10 +24,12 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from voxroom import keys
 from voxroom.clock import RoomClock
 from voxroom.metrics import context_fields
 from voxroom.voices import Catalog
 from workers.bus import WorkerBus
+from workers.cache import AudioCache
 from workers.context import Context
 from workers.job import Job, SliceBuffer, Utterance
 from workers.pool import ContextPool
@@ -36,13 +38,16 @@ from workers.publisher import publish_utterance
 log = logging.getLogger("voxroom.worker")
 HEARTBEAT_S = 2.0
 HEARTBEAT_TTL_S = 10
+UNPACED_LEAD_MS = 3_600_000.0
 
 
 class Worker:
     def __init__(self, redis: Redis, pool: ContextPool, catalog: Catalog, *, worker_id: str | None = None,
                  lead_ms: float = 120.0, order_wait_ms: float = 30_000.0, claim_idle_ms: int = 15_000,
                  output_maxlen: int = 3000, shutdown_timeout_s: float = 10.0,
-                 clock: RoomClock | None = None) -> None:
+                 clock: RoomClock | None = None, opus_bitrate: int = 0, cache_slots: int = 0,
+                 cache_entry_max_bytes: int = 480_000, cache_ttl_s: int = 86_400,
+                 cache_lru_entries: int = 64) -> None:
         self.id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.redis = redis
         self.bus = WorkerBus(redis, self.id, output_maxlen=output_maxlen)
@@ -59,6 +64,14 @@ class Worker:
         self._capacity = asyncio.Event()
         self._stopping = asyncio.Event()
         self.published = 0
+        self.opus_bitrate = opus_bitrate if opus_bitrate > 0 and _has_pyav() else 0
+        if opus_bitrate > 0 and not self.opus_bitrate:
+            log.warning("PyAV is not installed: publishing PCM only (pip install 'voxroom[opus]')")
+        self.cache = (AudioCache(self.bus.raw, slots=cache_slots, entry_max_bytes=cache_entry_max_bytes,
+                                 ttl_s=cache_ttl_s, lru_entries=cache_lru_entries) if cache_slots > 0 else None)
+        for ctx in pool.contexts:
+            ctx.cache = self.cache
+
 
     def stop(self) -> None:
         self._stopping.set()
@@ -158,8 +171,11 @@ class Worker:
     async def _publish(self, utt: Utterance, ctx: Context | None) -> None:
         job = utt.job
         try:
-            result = await publish_utterance(self.bus, utt, self.clock, lead_ms=self.lead_ms,
-                                             order_wait_ms=self.order_wait_ms, voice_name=job.voice)
+            # Private API rooms (POST /v1/audio/speech) are not played in real time: no pacing.
+            lead_ms = UNPACED_LEAD_MS if job.room.startswith(keys.PRIVATE_ROOM_PREFIX) else self.lead_ms
+            result = await publish_utterance(self.bus, utt, self.clock, lead_ms=lead_ms,
+                                             order_wait_ms=self.order_wait_ms, voice_name=job.voice,
+                                             opus_bitrate=self.opus_bitrate)
             await self.bus.ack(job.entry_id)
             self.published += 1
             log.info("room %s utterance %d %s: %d slices, engine first chunk %s ms, %d late shifts",
@@ -184,6 +200,7 @@ class Worker:
                     "load": self.pool.load(), "free": self.pool.free(), "published": self.published,
                     "rtf": f"{_rtf(self.pool):.3f}", "pid": os.getpid(), "time_ms": int(time.time() * 1000),
                     **context_fields(self.pool.contexts),
+                    **(self.cache.stats.fields() if self.cache is not None else {}),
                 }, HEARTBEAT_TTL_S)
             except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
                 log.warning("worker %s: heartbeat failed: %s", self.id, exc)
@@ -218,3 +235,9 @@ class Worker:
 def _rtf(pool: ContextPool) -> float:
     audio = sum(c.audio_seconds for c in pool.contexts)
     return sum(c.synth_seconds for c in pool.contexts) / audio if audio else 0.0
+
+
+def _has_pyav() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("av") is not None

@@ -1,0 +1,57 @@
+"""The audio cache over real processes: a repeated line is published from Redis, not synthesized."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+from redis.asyncio import Redis
+
+from tests.conftest import Stack
+from tests.support.room_client import RoomClient
+from voxroom import keys
+
+
+async def heartbeat_after(redis: Redis, after_ms: float, timeout: float = 8.0) -> dict[str, str]:
+    """The (only) worker's heartbeat, once it was written after ``after_ms``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        async for key in redis.scan_iter(match=keys.worker_pattern()):
+            beat: dict[str, str] = await redis.hgetall(key)
+            if float(beat.get("time_ms", 0)) > after_ms:
+                return beat
+        assert time.monotonic() < deadline, "no fresh worker heartbeat"
+        await asyncio.sleep(0.2)
+
+
+def synthesized_seconds(beat: dict[str, str]) -> float:
+    return sum(float(v) for k, v in beat.items() if k.startswith("ctx.") and k.endswith(".audio_s"))
+
+
+async def test_a_repeated_line_is_served_from_the_cache_identical_and_without_the_engine(
+        stack: Stack, room: str) -> None:
+    text = f"The seer opens her eyes {random.randint(1000, 9999)} times and looks around the village."
+    redis = Redis.from_url(stack.redis_url, decode_responses=True)
+    try:
+        async with RoomClient(stack.port, room) as client:
+            await client.say(text, voice="en-espeak")
+            await client.wait_ends(1)
+            first = await heartbeat_after(redis, time.time() * 1000)
+            await client.say(text, voice="en-espeak")
+            await client.wait_ends(2)
+            second = await heartbeat_after(redis, time.time() * 1000)
+    finally:
+        await redis.aclose()
+    assert [e["status"] for e in client.got.ends()] == ["ok", "ok"]
+    one, two = client.got.frames_of(1), client.got.frames_of(2)
+    assert len(one) == len(two) > 20
+    assert [f.payload for f in one] == [f.payload for f in two], "cached audio must be the same samples"
+    assert [(f.chunk, f.first, f.last) for f in one] == [(f.chunk, f.first, f.last) for f in two]
+    assert two[0].pts_us >= one[-1].pts_us  # same room order and pacing as fresh audio
+    assert int(second["cache.hits"]) == int(first["cache.hits"]) + 1
+    assert int(second["cache.misses"]) == int(first["cache.misses"])
+    assert int(second["cache.bytes_served"]) - int(first["cache.bytes_served"]) == \
+           sum(len(f.payload) for f in two)
+    # The engine did not run: no context synthesized any more audio.
+    assert synthesized_seconds(second) == synthesized_seconds(first)

@@ -1,0 +1,178 @@
+"""The audio cache: a repeated line is published from Redis instead of being synthesized again.
+
+What is cached is exactly what the slicer produced for the utterance (int16 PCM at the room rate,
+whole 40 ms slices, fades included), so a hit goes through the same publisher as fresh audio:
+same framing, same pacing, same room order, and the Opus copy is encoded from the same samples.
+
+**Key.** A SHA-256 fingerprint of everything that determines the audio: the engine's name, model
+version (``model_version`` when an engine has one) and rate; the voice's engine, language and
+params (embeddings included); the previous voice when it differs (ChatTTS steps from one voice to
+the other on a switch); the room rate and slice size; and the text, normalised only in ways that
+no engine hears (Unicode NFC, runs of whitespace collapsed, ends stripped).
+
+**Bounds, independent of Redis's maxmemory.** The key space is fixed: an entry lives in slot
+``fingerprint mod slots`` (``vx:cache:{slot}``, a hash holding the full fingerprint and the
+PCM), so a new line overwrites whatever shared its slot (a direct-mapped cache). Entries longer
+than ``entry_max_bytes`` are not cached. Redis therefore holds at most ``slots x
+entry_max_bytes`` of cache (1024 x 480 kB = 469 MiB by default, about 150 MiB for 3-second
+lines), and every entry expires ``ttl_s`` after it was last written. Two hot lines that share a
+slot evict each other; the in-process LRU in front (``lru_entries`` per worker) keeps the hottest
+ones out of that fight and saves the round trip.
+
+Redis failures never fail an utterance: a lookup that fails is a miss, a store that fails is
+dropped, both counted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import unicodedata
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from voxroom import keys
+from voxroom.protocol import ROOM_RATE, SLICE_SAMPLES
+from voxroom.voices import Voice
+
+log = logging.getLogger("voxroom.worker.cache")
+
+FORMAT_VERSION = 1
+"""Bump when what is stored changes (slicer fades, slice size...): old entries stop matching."""
+SLICE_BYTES = SLICE_SAMPLES * 2
+_SPACES = re.compile(r"\s+")
+
+
+def normalise_text(text: str) -> str:
+    """What the cache keys on: NFC, whitespace runs collapsed to one space, ends stripped. Case and
+    punctuation are kept: engines read them (a question mark changes the intonation)."""
+    return _SPACES.sub(" ", unicodedata.normalize("NFC", text)).strip()
+
+
+def fingerprint(*, engine: str, model_version: str, engine_rate: int, voice: Voice, text: str,
+                previous_voice: Voice | None = None) -> str:
+    """The hex SHA-256 of everything that determines the audio (see the module docstring)."""
+    def describe(v: Voice) -> dict[str, object]:
+        return {"engine": v.engine, "language": v.language, "params": dict(v.params)}
+
+    prev = previous_voice if previous_voice is not None and previous_voice.id != voice.id else None
+    material = {"v": FORMAT_VERSION, "engine": engine, "model": model_version, "engine_rate": engine_rate,
+                "room_rate": ROOM_RATE, "slice": SLICE_SAMPLES, "voice": describe(voice),
+                "prev": describe(prev) if prev is not None else None, "text": normalise_text(text)}
+    blob = json.dumps(material, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def to_slices(pcm: bytes) -> list[npt.NDArray[np.int16]]:
+    """Cached bytes back into the slices the publisher takes."""
+    audio = np.frombuffer(pcm, dtype="<i2").astype(np.int16)
+    return [audio[i:i + SLICE_SAMPLES] for i in range(0, audio.size, SLICE_SAMPLES)]
+
+
+@dataclass
+class CacheStats:
+    hits: int = 0
+    """Lookups answered (LRU or Redis)."""
+    lru_hits: int = 0
+    misses: int = 0
+    errors: int = 0
+    stores: int = 0
+    too_large: int = 0
+    bytes_served: int = 0
+    bytes_stored: int = 0
+
+    def fields(self) -> dict[str, str]:
+        """Heartbeat fields (``cache.*``), re-exported by the gateways' ``/metrics``."""
+        return {f"cache.{name}": str(value) for name, value in vars(self).items()}
+
+    @property
+    def hit_rate(self) -> float:
+        total = self.hits + self.misses
+        return self.hits / total if total else 0.0
+
+
+class AudioCache:
+    """Look up and store utterance audio. Event-loop only (no locks): the worker's contexts call it
+    from their runner coroutines, never from their synthesis threads.
+
+    ``redis`` must not decode responses (the PCM is binary).
+    """
+
+    def __init__(self, redis: Redis, *, slots: int = 1024, entry_max_bytes: int = 480_000, ttl_s: int = 86_400,
+                 lru_entries: int = 64) -> None:
+        if slots <= 0:
+            raise ValueError("an audio cache needs at least one slot")
+        self.redis = redis
+        self.slots = slots
+        self.entry_max_bytes = entry_max_bytes
+        self.ttl_s = ttl_s
+        self.lru_entries = lru_entries
+        self._lru: OrderedDict[str, bytes] = OrderedDict()
+        self.stats = CacheStats()
+
+    def slot_key(self, fp: str) -> str:
+        return keys.cache_slot(int(fp[:15], 16) % self.slots)
+
+    async def get(self, fp: str) -> bytes | None:
+        """The cached PCM for ``fp``, or ``None`` (a miss, or Redis unreachable)."""
+        remembered = self._lru.get(fp)
+        if remembered is not None:
+            self._lru.move_to_end(fp)
+            self.stats.lru_hits += 1
+            return self._hit(remembered)
+        stored_fp: Any = None
+        stored: Any = None
+        try:
+            stored_fp, stored = await self.redis.hmget(self.slot_key(fp), ["fp", "pcm"])
+        except (RedisError, OSError) as exc:
+            self.stats.errors += 1
+            log.warning("audio cache lookup failed (%s); synthesizing", exc)
+        if not isinstance(stored_fp, bytes) or stored_fp.decode() != fp or not isinstance(stored, bytes) \
+                or not stored or len(stored) % SLICE_BYTES:
+            self.stats.misses += 1
+            return None
+        self._remember(fp, stored)
+        return self._hit(stored)
+
+    def _hit(self, pcm: bytes) -> bytes:
+        self.stats.hits += 1
+        self.stats.bytes_served += len(pcm)
+        return pcm
+
+    async def put(self, fp: str, pcm: bytes) -> bool:
+        """Store an utterance's PCM (whole slices). ``False`` when it is too long or Redis failed."""
+        if len(pcm) > self.entry_max_bytes or not pcm or len(pcm) % SLICE_BYTES:
+            self.stats.too_large += 1
+            return False
+        key = self.slot_key(fp)
+        pipe = self.redis.pipeline(transaction=True)
+        # DEL first: a slot is one entry, never a mix of the old line's fields and the new one's.
+        pipe.delete(key)
+        pipe.hset(key, mapping={"fp": fp, "pcm": pcm, "rate": ROOM_RATE, "v": FORMAT_VERSION})
+        pipe.expire(key, self.ttl_s)
+        try:
+            await pipe.execute()
+        except (RedisError, OSError) as exc:
+            self.stats.errors += 1
+            log.warning("audio cache store failed: %s", exc)
+            return False
+        self.stats.stores += 1
+        self.stats.bytes_stored += len(pcm)
+        self._remember(fp, pcm)
+        return True
+
+    def _remember(self, fp: str, pcm: bytes) -> None:
+        if self.lru_entries <= 0:
+            return
+        self._lru[fp] = pcm
+        self._lru.move_to_end(fp)
+        while len(self._lru) > self.lru_entries:
+            self._lru.popitem(last=False)
