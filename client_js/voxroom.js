@@ -333,7 +333,8 @@ export class VoxroomClient extends EventTarget {
       this.#emit('playing', { utterance: e.seq, chunk: e.chunk, roomMs: e.roomMs, ttfaMs, own: sentMs !== undefined,
         sender: start?.sender, voice: start?.voice, text: start?.text });
     } else {
-      this.#emit('finished', { utterance: e.seq, roomMs: e.roomMs, sender: start?.sender, text: start?.text });
+      this.#emit('finished', { utterance: e.seq, roomMs: e.roomMs, own: this.#ours.has(e.seq), sender: start?.sender,
+        text: start?.text });
     }
   }
 

@@ -43,10 +43,10 @@ export function freePort() {
 
 /**
  * Start `voxroom serve --insecure-dev` and wait until /readyz says a worker is alive.
- * @returns {Promise<{base: string, log: () => string, stop: () => Promise<void>}>}
+ * @returns {Promise<{base: string, port: number, log: () => string, stop: () => Promise<void>}>}
  */
-export async function startServer({ timeoutMs = 90_000 } = {}) {
-  const port = await freePort();
+export async function startServer({ timeoutMs = 90_000, port = 0 } = {}) {
+  port = port || await freePort();
   const child = spawn(VOXROOM_BIN, ['serve', '--port', String(port), '--insecure-dev'], {
     cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, PYTHONUNBUFFERED: '1' },
     // Its own process group: `serve` starts a worker and a redis-server, and the whole group is
@@ -88,7 +88,7 @@ export async function startServer({ timeoutMs = 90_000 } = {}) {
     }
     await new Promise((r) => setTimeout(r, 250));
   }
-  return { base, log: () => output, stop };
+  return { base, port, log: () => output, stop };
 }
 
 /** Headless Chromium with a fresh profile; audio may start without a gesture. */

@@ -1,0 +1,96 @@
+// Reconnect in real headless Chromium: the server is stopped under a joined page (it closes its
+// sockets with 1012) and started again on the same port; the page must come back by itself, ask
+// to resume from the last slice it played, and play a new line.
+//
+//   npm run test:browser        (VOXROOM_SKIP_BROWSER=1 skips it on purpose; anything missing fails)
+import { after, before, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { assertPrerequisites, launchBrowser, skipReason, startServer } from './harness.mjs';
+
+const skip = skipReason();
+
+/** @type {Awaited<ReturnType<typeof startServer>>} */ let server;
+/** @type {Awaited<ReturnType<typeof launchBrowser>>} */ let browser;
+
+before(async () => {
+  if (skip) return;
+  assertPrerequisites();
+  server = await startServer();
+  browser = await launchBrowser();
+}, { timeout: 120_000 });
+
+after(async () => {
+  await browser?.close();
+  await server?.stop();
+});
+
+/** @param {import('playwright-core').Page} page @param {string} text */
+async function sayAndHear(page, text) {
+  const before = await page.evaluate(() => /** @type {any} */ (window).events.length);
+  await page.fill('#text', text);
+  await page.click('#send');
+  await page.waitForFunction((n) => /** @type {any} */ (window).events.slice(n).some((e) => e.type === 'finished' && e.own),
+    before, { timeout: 60_000 });
+  await page.waitForTimeout(300);
+  return page.evaluate((n) => {
+    const w = /** @type {any} */ (window);
+    const c = w.voxroomDemo.client;
+    const tap = c.player.tapReport(0.02);
+    c.player.clearTap();
+    return { tap, lastPlayed: c.player.report.lastPlayed, events: w.events.slice(n) };
+  }, before);
+}
+
+test('after a server restart the page reconnects, sends resume, and plays again', { skip, timeout: 240_000 }, async () => {
+  const page = await browser.context.newPage();
+  // Record every frame the client sends, to see the resume it owes the new server.
+  await page.addInitScript(() => {
+    const w = /** @type {any} */ (window);
+    w.sent = [];
+    const send = WebSocket.prototype.send;
+    WebSocket.prototype.send = function (data) {
+      if (typeof data === 'string') w.sent.push(JSON.parse(data));
+      return send.call(this, data);
+    };
+  });
+  await page.goto(`${server.base}/?room=reconnect`);
+  await page.click('#join');
+  await page.waitForFunction(() => /** @type {any} */ (window).voxroomDemo.client?.state === 'open', null, { timeout: 15_000 });
+  await page.evaluate(() => {
+    const w = /** @type {any} */ (window);
+    w.events = [];
+    const c = w.voxroomDemo.client;
+    c.addEventListener('state', (/** @type {any} */ e) => w.events.push({ type: 'state', ...e.detail }));
+    for (const type of ['playing', 'finished']) c.addEventListener(type, (/** @type {any} */ e) => w.events.push({ type, ...e.detail }));
+  });
+  await page.waitForTimeout(1000);
+
+  const first = await sayAndHear(page, 'One.');
+  assert.ok(first.tap?.heard, JSON.stringify(first));
+  const last = first.lastPlayed;
+  assert.ok(last && last.chunk > 0, `a last played slice to resume from: ${JSON.stringify(last)}`);
+
+  const port = server.port;
+  await server.stop();
+  await page.waitForFunction(() => /** @type {any} */ (window).voxroomDemo.client.state === 'reconnecting', null,
+    { timeout: 15_000 });
+  server = await startServer({ port });
+  await page.waitForFunction(() => /** @type {any} */ (window).voxroomDemo.client.state === 'open', null, { timeout: 30_000 });
+
+  const states = await page.evaluate(() => /** @type {any} */ (window).events.filter((e) => e.type === 'state'));
+  const firstClose = states.find((s) => s.state === 'reconnecting' && s.code !== undefined);
+  assert.equal(firstClose?.code, 1012, `the server said "restarting": ${JSON.stringify(states)}`);
+  assert.equal(firstClose.retryInMs, 0, 'and the client came straight back');
+
+  const sent = await page.evaluate(() => /** @type {any} */ (window).sent);
+  const resumes = sent.filter((m) => m.type === 'resume');
+  assert.deepEqual(resumes, [{ type: 'resume', seq: last.seq, chunk: last.chunk }]);
+  const says = sent.filter((m) => m.type === 'say');
+  assert.equal(says.length, 1, 'the accepted line was not resent');
+
+  const second = await sayAndHear(page, 'Two, after the restart.');
+  assert.ok(second.tap?.heard && second.tap.peak > 0.1, JSON.stringify(second.tap));
+  const seqs = (await page.evaluate(() => /** @type {any} */ (window).sent)).filter((m) => m.type === 'say').map((m) => m.seq);
+  assert.ok(seqs[1] > seqs[0], `say seq strictly increases: ${seqs}`);
+  await page.close();
+});
