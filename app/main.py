@@ -22,6 +22,7 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
+from app import speech_api, voices_api
 from app.directory import WorkerDirectory
 from app.hub import RoomHub
 from app.ingress import Ingress
@@ -49,12 +50,6 @@ async def readyz(request: Request) -> Response:
     if not state.directory.workers:
         return JSONResponse({"status": "no worker alive"}, status_code=503)
     return JSONResponse({"status": "ready", "workers": len(state.directory.workers)})
-
-
-async def voices(request: Request) -> Response:
-    state: GatewayState = request.app.state.voxroom
-    served = [v.public() for v in state.catalog if state.directory.serves(v.engine)]
-    return JSONResponse({"default": state.catalog.default, "voices": served})
 
 
 async def index(request: Request) -> Response:
@@ -106,7 +101,8 @@ def create_app(settings: Settings, *, catalog: Catalog | None = None) -> Starlet
         Route("/healthz", healthz),
         Route("/readyz", readyz),
         Route("/metrics", metrics_endpoint),
-        Route("/v1/voices", voices),
+        *voices_api.routes(),
+        *speech_api.routes(settings),
         WebSocketRoute("/rooms/{room_id}/ws", room_endpoint),
         Mount("/client", app=StaticFiles(directory=CLIENT_DIR, check_dir=False), name="client"),
     ]

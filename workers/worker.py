@@ -38,7 +38,6 @@ from workers.publisher import publish_utterance
 log = logging.getLogger("voxroom.worker")
 HEARTBEAT_S = 2.0
 HEARTBEAT_TTL_S = 10
-UNPACED_LEAD_MS = 3_600_000.0
 
 
 class Worker:
@@ -171,11 +170,11 @@ class Worker:
     async def _publish(self, utt: Utterance, ctx: Context | None) -> None:
         job = utt.job
         try:
-            # Private API rooms (POST /v1/audio/speech) are not played in real time: no pacing.
-            lead_ms = UNPACED_LEAD_MS if job.room.startswith(keys.PRIVATE_ROOM_PREFIX) else self.lead_ms
-            result = await publish_utterance(self.bus, utt, self.clock, lead_ms=lead_ms,
+            result = await publish_utterance(self.bus, utt, self.clock, lead_ms=self.lead_ms,
                                              order_wait_ms=self.order_wait_ms, voice_name=job.voice,
-                                             opus_bitrate=self.opus_bitrate)
+                                             opus_bitrate=self.opus_bitrate,
+                                             # Private API rooms (POST /v1/audio/speech): nobody plays them.
+                                             paced=not job.room.startswith(keys.PRIVATE_ROOM_PREFIX))
             await self.bus.ack(job.entry_id)
             self.published += 1
             log.info("room %s utterance %d %s: %d slices, engine first chunk %s ms, %d late shifts",
