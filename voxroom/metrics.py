@@ -193,6 +193,15 @@ _WORKER_FIGURES = {
     "free": ("voxroom_worker_free", "Free places in the worker's context pool (heartbeat)."),
     "rtf": ("voxroom_worker_rtf", "Worker real-time factor, synthesis time / audio time (heartbeat)."),
 }
+_WORKER_COUNTERS = {  # the audio cache (workers/cache.py): hit rate = hits / (hits + misses)
+    "cache.hits": ("voxroom_cache_hits", "Utterances published from the audio cache (LRU or Redis)."),
+    "cache.lru_hits": ("voxroom_cache_lru_hits", "Cache hits answered by the worker's in-process LRU."),
+    "cache.misses": ("voxroom_cache_misses", "Utterances looked up in the audio cache and synthesized."),
+    "cache.errors": ("voxroom_cache_errors", "Audio cache lookups or stores that failed on Redis."),
+    "cache.stores": ("voxroom_cache_stores", "Utterances written to the audio cache."),
+    "cache.bytes_served": ("voxroom_cache_served_bytes", "PCM bytes published from the audio cache."),
+    "cache.bytes_stored": ("voxroom_cache_stored_bytes", "PCM bytes written to the audio cache."),
+}
 _CONTEXT_FIGURES = {
     "rtf": ("voxroom_context_rtf", "Real-time factor of one synthesis context since it started (heartbeat)."),
     "load": ("voxroom_context_load", "Utterances queued or in flight on one context (heartbeat)."),
@@ -208,6 +217,7 @@ def _worker_families(workers: Mapping[str, Mapping[str, str]], now_ms: float) ->
     published = CounterMetricFamily("voxroom_worker_published", "Utterances the worker published.",
                                     labels=["worker"])
     figures = {k: GaugeMetricFamily(n, d, labels=["worker"]) for k, (n, d) in _WORKER_FIGURES.items()}
+    counters = {k: CounterMetricFamily(n, d, labels=["worker"]) for k, (n, d) in _WORKER_COUNTERS.items()}
     contexts = {k: GaugeMetricFamily(n, d, labels=["worker", "context", "device"])
                 for k, (n, d) in _CONTEXT_FIGURES.items()}
     for worker, hb in sorted(workers.items()):
@@ -222,6 +232,10 @@ def _worker_families(workers: Mapping[str, Mapping[str, str]], now_ms: float) ->
             value = _num(hb.get(key))
             if value is not None:
                 family.add_metric([worker], value)
+        for key, counter in counters.items():
+            value = _num(hb.get(key))
+            if value is not None:
+                counter.add_metric([worker], value)
         for name, raw in hb.items():
             if not name.startswith("ctx."):
                 continue
@@ -233,6 +247,7 @@ def _worker_families(workers: Mapping[str, Mapping[str, str]], now_ms: float) ->
     yield age
     yield published
     yield from figures.values()
+    yield from counters.values()
     yield from contexts.values()
 
 

@@ -6,6 +6,8 @@ import asyncio
 import random
 import time
 
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
 from tests.conftest import Stack
@@ -55,3 +57,23 @@ async def test_a_repeated_line_is_served_from_the_cache_identical_and_without_th
            sum(len(f.payload) for f in two)
     # The engine did not run: no context synthesized any more audio.
     assert synthesized_seconds(second) == synthesized_seconds(first)
+
+
+async def test_hits_and_bytes_are_in_the_gateway_metrics(stack: Stack, room: str) -> None:
+    text = f"The hunter takes aim {random.randint(1000, 9999)} times."
+    async with RoomClient(stack.port, room) as client:
+        for _ in range(2):
+            await client.say(text, voice="en-espeak")
+        await client.wait_ends(2)
+    deadline = time.monotonic() + 8
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{stack.port}") as http:
+        while True:
+            families = {f.name: f for f in text_string_to_metric_families((await http.get("/metrics")).text)}
+            hits = sum(s.value for s in families["voxroom_cache_hits"].samples) if "voxroom_cache_hits" in families \
+                else 0
+            if hits >= 1 or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.3)
+    assert hits >= 1
+    assert families["voxroom_cache_misses"].type == "counter"
+    assert sum(s.value for s in families["voxroom_cache_served_bytes"].samples) > 0
