@@ -119,15 +119,25 @@ export class Player {
   }
 
   /**
-   * Queue one decoded pcm16 frame. Returns false if the player cannot take it yet.
+   * Queue one pcm16 frame. Returns false if the player cannot take it yet.
    * @param {import('./protocol.js').AudioFrame} frame
    */
   push(frame) {
+    return this.pushSlice({ seq: frame.seq, chunk: frame.chunk, ptsUs: frame.ptsUs, rate: frame.sampleRate,
+      data: pcm16ToFloat32(frame.payload, frame.channels), first: frame.first, last: frame.last });
+  }
+
+  /**
+   * Queue one decoded slice (`ptsUs` on the room clock, µs since the epoch).
+   * @param {import('./jitter.js').Slice} slice
+   */
+  pushSlice(slice) {
     if (!this.node || this.epochMs === null) return false;
-    const data = pcm16ToFloat32(frame.payload, frame.channels);
-    const slice = { seq: frame.seq, chunk: frame.chunk, ptsUs: frame.ptsUs - this.epochMs * 1000, rate: frame.sampleRate,
-      data, first: frame.first, last: frame.last };
-    this.node.port.postMessage({ type: 'slice', slice }, [data.buffer]);
+    // The worklet works in µs since epochMs: small numbers keep sub-sample precision in doubles.
+    let data = slice.data;
+    if (data.byteOffset !== 0 || data.byteLength !== data.buffer.byteLength) data = data.slice();
+    this.node.port.postMessage({ type: 'slice', slice: { ...slice, data, ptsUs: slice.ptsUs - this.epochMs * 1000 } },
+      [data.buffer]);
     return true;
   }
 

@@ -161,13 +161,17 @@ export function pcm16ToFloat32(payload, channels = 1) {
  * @param {number} seq  strictly increasing per client, 1..MAX_SEQ
  * @param {string} text
  * @param {string} [voice]  a catalog voice id; omitted means the room's default
+ * @param {Record<string, string>} [scene]  tags the server resolves to the best voice
+ *   (e.g. {emotion: 'calm', language: 'eng'}); give a voice or a scene, not both
  * @returns {string}
  */
-export function encodeSay(seq, text, voice) {
+export function encodeSay(seq, text, voice, scene) {
   if (!Number.isSafeInteger(seq) || seq < 1) throw new RangeError(`seq must be an integer in 1..${MAX_SEQ}`);
-  /** @type {{type: 'say', seq: number, text: string, voice?: string}} */
+  if (voice && scene) throw new TypeError("give 'voice' or 'scene', not both");
+  /** @type {{type: 'say', seq: number, text: string, voice?: string, scene?: Record<string, string>}} */
   const msg = { type: 'say', seq, text };
   if (voice) msg.voice = voice;
+  if (scene) msg.scene = scene;
   return JSON.stringify(msg);
 }
 
@@ -189,7 +193,7 @@ export function encodeResume(seq, chunk) {
 
 /**
  * @typedef {{type: 'welcome', protocol: number, room: string, client: string, sample_rate: number,
- *   slice_ms: number, voice: string, server_ms: number, lead_ms?: number}} Welcome
+ *   slice_ms: number, voice: string, server_ms: number, codec?: 'pcm16' | 'opus', lead_ms?: number}} Welcome
  * @typedef {{type: 'accepted', seq: number, utterance: number}} Accepted
  * @typedef {{type: 'start', utterance: number, sender: string, voice: string, text: string,
  *   pts_ms: number, sample_rate: number}} Start

@@ -2,9 +2,10 @@
 // every other listener, and speaks lines into it. See README.md for the types and events.
 
 import { ClockSync } from './clock.js';
+import { OpusFrameDecoder } from './opus.js';
 import { Player } from './player.js';
 import {
-  CODEC_PCM16, ProtocolError, decodeAudioFrame, encodePing, encodeResume, encodeSay, parseServerMessage,
+  CODEC_OPUS, CODEC_PCM16, ProtocolError, decodeAudioFrame, encodePing, encodeResume, encodeSay, parseServerMessage,
 } from './protocol.js';
 import { ReconnectPolicy } from './reconnect.js';
 
@@ -27,6 +28,8 @@ const STATS_EVERY_MS = 250;
  * @property {string} [clientId]  identity kept across reconnects (the server dedupes `say` seqs and
  *   resumes per identity); default: random per client object
  * @property {string} [voice]  default voice for say(); default: the room's
+ * @property {'pcm16' | 'opus'} [codec='pcm16']  audio on the wire; 'opus' (about 3 kB/s instead of
+ *   48 kB/s) needs WebCodecs and falls back to pcm16 where the browser lacks it
  * @property {number} [depth=3]  jitter buffer depth in slices (3 × 40 ms = in step with the room)
  * @property {number} [leadMs=120]  the server's lead, until its welcome says otherwise
  * @property {number} [sampleRate]  force the AudioContext rate (default: the device's)
@@ -49,6 +52,7 @@ const STATS_EVERY_MS = 250;
  * @property {number} driftPpm  room clock against the local clock
  * @property {number | null} ttfaMs  time to first audio of this client's last line
  * @property {number} sampleRate  the AudioContext's
+ * @property {'pcm16' | 'opus'} codec  what the server sends
  */
 
 export class VoxroomClient extends EventTarget {
@@ -72,6 +76,12 @@ export class VoxroomClient extends EventTarget {
     this.ws = null;
     this.#seq = 0;
     this.clientId = options.clientId ?? randomId();
+    /** @type {'pcm16' | 'opus'} */
+    this.codec = options.codec === 'opus' && typeof globalThis.AudioDecoder === 'function' ? 'opus' : 'pcm16';
+    this.opus = this.codec === 'opus'
+      ? new OpusFrameDecoder((slice) => this.player.pushSlice(slice),
+        (err) => this.#emit('error', { code: 'opus_decode', message: err.message }))
+      : null;
   }
 
   #seq;
@@ -95,6 +105,7 @@ export class VoxroomClient extends EventTarget {
     base.protocol = base.protocol === 'https:' ? 'wss:' : 'ws:';
     base.pathname = `${base.pathname.replace(/\/$/, '')}/rooms/${encodeURIComponent(this.options.room)}/ws`;
     base.searchParams.set('client', this.clientId);
+    if (this.codec === 'opus') base.searchParams.set('codec', 'opus');
     if (this.options.token) base.searchParams.set('token', this.options.token);
     return base.toString();
   }
@@ -121,17 +132,23 @@ export class VoxroomClient extends EventTarget {
    * While reconnecting the line waits and is sent (again) after the welcome: the server ignores
    * a seq it already accepted, so a resend never speaks twice.
    * @param {string} text
-   * @param {{voice?: string}} [options]
+   * @param {{voice?: string, scene?: Record<string, string>}} [options]  a voice id, or a scene
+   *   (tags such as {emotion: 'calm'}) the server resolves to a voice; not both
    * @returns {Promise<{seq: number, utterance: number | null}>}
    */
-  say(text, { voice } = {}) {
+  say(text, { voice, scene } = {}) {
     if (this.#pending.size >= MAX_PENDING_SAYS) {
       return Promise.reject(Object.assign(new Error('too many lines waiting for the server'), { code: 'busy' }));
     }
     // Strictly increasing across reloads too (the server dedupes per identity): use the clock.
     this.#seq = Math.max(this.#seq + 1, Date.now());
     const seq = this.#seq;
-    const frame = encodeSay(seq, text, voice ?? this.options.voice);
+    let frame;
+    try {
+      frame = encodeSay(seq, text, scene ? undefined : voice ?? this.options.voice, scene);
+    } catch (err) {
+      return Promise.reject(Object.assign(/** @type {Error} */ (err), { code: 'bad_message' }));
+    }
     return new Promise((resolve, reject) => {
       this.#pending.set(seq, { frame, sentMs: performance.now(), resolve, reject });
       if (this.state === 'open') this.#send(frame);
@@ -148,6 +165,7 @@ export class VoxroomClient extends EventTarget {
     this.#setState('closed');
     for (const p of this.#pending.values()) p.reject(Object.assign(new Error('client closed'), { code: 'closed' }));
     this.#pending.clear();
+    this.opus?.close();
     await this.player.close();
   }
 
@@ -157,7 +175,7 @@ export class VoxroomClient extends EventTarget {
     return { state: this.state, depth: s.depth ?? 0, bufferedMs: s.bufferedMs ?? 0, underruns: s.underruns ?? 0,
       lateDrops: s.lateDrops ?? 0, concealed: s.concealed ?? 0, played: s.played ?? 0, restarts: s.restarts ?? 0,
       rttMs: this.clock.rttMs, driftPpm: this.clock.drift * 1e6, ttfaMs: this.ttfaMs,
-      sampleRate: this.player.context?.sampleRate ?? 0 };
+      sampleRate: this.player.context?.sampleRate ?? 0, codec: this.codec };
   }
 
   /** The room clock now, ms since the Unix epoch as the server keeps it. */
@@ -311,12 +329,18 @@ export class VoxroomClient extends EventTarget {
       if (err instanceof ProtocolError) this.#emit('error', { code: 'bad_audio_frame', message: err.message });
       return;
     }
-    if (frame.codec !== CODEC_PCM16) {
+    if (frame.codec === CODEC_PCM16) {
+      this.player.push(frame);
+    } else if (frame.codec === CODEC_OPUS && this.opus) {
+      try {
+        this.opus.push(frame);
+      } catch (err) {
+        this.#emit('error', { code: 'bad_audio_frame', message: /** @type {Error} */ (err).message });
+      }
+    } else {
       if (!this.#badCodecReported) this.#emit('error', { code: 'unsupported_codec', message: `codec ${frame.codec}` });
       this.#badCodecReported = true;
-      return;
     }
-    this.player.push(frame);
   }
 
   /** @param {import('./jitter.js').JitterEvent & {roomMs: number}} e */

@@ -29,10 +29,12 @@ $('join-form').addEventListener('submit', async (/** @type {Event} */ e) => {
   }
   const room = $('room').value.trim();
   client = new VoxroomClient({ room, token: $('token').value.trim() || undefined, tap: true,
-    sampleRate: params.get('rate') ? Number(params.get('rate')) : undefined });
+    sampleRate: params.get('rate') ? Number(params.get('rate')) : undefined,
+    codec: params.get('codec') === 'opus' ? 'opus' : 'pcm16' });
   wire(client);
   $('join').textContent = 'Leave';
-  history.replaceState(null, '', `?room=${encodeURIComponent(room)}`);
+  params.set('room', room);
+  history.replaceState(null, '', `?${params}`);
   try {
     await client.connect(); // inside the click: the browser lets the AudioContext start
   } catch (err) {
@@ -153,7 +155,7 @@ function showStats(s) {
   $('s-concealed').textContent = String(s.concealed);
   $('s-underruns').parentElement.parentElement.classList.toggle('bad', s.underruns > 0);
   $('s-rate').textContent = s.sampleRate ? `${s.sampleRate / 1000} kHz` : '–';
-  $('s-rtt').textContent = Number.isFinite(s.rttMs) ? `rtt ${s.rttMs.toFixed(1)} ms` : '';
+  $('s-rtt').textContent = `${s.codec}${Number.isFinite(s.rttMs) ? ` · rtt ${s.rttMs.toFixed(1)} ms` : ''}`;
 }
 
 /** @param {string} message */

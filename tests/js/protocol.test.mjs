@@ -101,6 +101,9 @@ test('rejects bytes that are not an audio frame', () => {
 test('client messages are the JSON the server parses', () => {
   assert.deepEqual(JSON.parse(encodeSay(5, 'hello', 'en-joe')), { type: 'say', seq: 5, text: 'hello', voice: 'en-joe' });
   assert.deepEqual(JSON.parse(encodeSay(6, 'hi')), { type: 'say', seq: 6, text: 'hi' });
+  assert.deepEqual(JSON.parse(encodeSay(7, 'hey', undefined, { emotion: 'calm' })),
+    { type: 'say', seq: 7, text: 'hey', scene: { emotion: 'calm' } });
+  assert.throws(() => encodeSay(8, 'x', 'en-joe', { emotion: 'calm' }), TypeError);
   assert.throws(() => encodeSay(0, 'x'), RangeError);
   assert.throws(() => encodeSay(2 ** 53, 'x'), RangeError);
   assert.deepEqual(JSON.parse(encodePing(12.5)), { type: 'ping', t: 12.5 });
