@@ -65,7 +65,7 @@ def main() -> None:
                         help="the synthetic engine's first-chunk time (needs VOXROOM_SYNTHETIC_TTFC_MS)")
     parser.add_argument("--contexts", type=int, default=32, help="synthetic worker contexts (sleeping threads)")
     args = parser.parse_args()
-    env: dict[str, str] = {"VOXROOM_LOG_LEVEL": "WARNING", "VOXROOM_CONTEXT_INFLIGHT": "4"}
+    env: dict[str, str] = {"VOXROOM_CONTEXT_INFLIGHT": "4"}  # INFO: start_worker waits for "ready:"
     ttfc = args.engine_ttfc_ms
     if "VOXROOM_SYNTHETIC_TTFC_MS" in Settings.env_names():
         env["VOXROOM_SYNTHETIC_TTFC_MS"] = f"{ttfc:g}"

@@ -40,6 +40,14 @@ def _logging(settings: Settings) -> None:
     configure(settings.log_level, settings.log_format)
 
 
+def _banner(settings: Settings, text: str) -> None:
+    """The one line a human starting the server looks for; a log record when logs are JSON lines."""
+    if settings.log_format == "json":
+        log.info("%s", text)
+    else:
+        print(text, flush=True)
+
+
 def _run_gateway(settings: Settings) -> None:
     import uvicorn
 
@@ -78,7 +86,7 @@ async def _worker_main(settings: Settings) -> None:
 def cmd_gateway(args: argparse.Namespace) -> int:
     settings = _settings(args)
     _logging(settings)
-    print(f"voxroom gateway on http://{settings.host}:{settings.port}/", flush=True)
+    _banner(settings, f"voxroom gateway on http://{settings.host}:{settings.port}/")
     _run_gateway(settings)
     return 0
 
@@ -114,7 +122,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if settings.insecure_dev:
             log.warning("--insecure-dev: no token is required to join or speak in any room. "
                         "Never expose this server.")
-        print(f"voxroom serving on http://{settings.host}:{settings.port}/  (Ctrl-C stops it)", flush=True)
+        _banner(settings, f"voxroom serving on http://{settings.host}:{settings.port}/  (Ctrl-C stops it)")
         _run_gateway(settings)
     finally:
         if worker is not None and worker.poll() is None:

@@ -12,7 +12,8 @@ import time
 from typing import Any
 
 # Attributes every LogRecord has; anything else on a record came from ``extra=`` and is kept.
-_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "taskName"}
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "taskName",
+                                                                         "color_message"}  # uvicorn's ANSI copy
 
 
 class JsonFormatter(logging.Formatter):
