@@ -38,13 +38,14 @@ async def test_metrics_follow_a_speaking_room(ops_stack: OpsStack, room: str) ->
         assert value(live, "voxroom_rooms_active") >= 1
     await asyncio.sleep(0.3)
     after = await asyncio.to_thread(scrape, port)
-    assert value(after, "voxroom_time_to_first_audio_seconds_count") == ttfa_before + 1
+    # ">=": a swarm test that ran before on this gateway may still have had a line in flight.
+    assert value(after, "voxroom_time_to_first_audio_seconds_count") >= ttfa_before + 1
     # The synthetic engine answers in 50 ms: the first audio is well inside the 1 s bucket.
     assert value(after, "voxroom_time_to_first_audio_seconds_bucket", 'le="1.0"') >= ttfa_before + 1
     assert value(after, "voxroom_errors_total", 'code="empty_text"') >= 1
     frames = len(listener.got.frames) + len(speaker.got.frames)
     assert value(after, "voxroom_slices_sent_total") >= frames > 0
-    assert value(after, "voxroom_slices_dropped_total") == 0
+    assert value(after, "voxroom_slices_dropped_total") == value(before, "voxroom_slices_dropped_total")
     assert value(after, "voxroom_jobs_pending") >= 0
     assert value(after, "voxroom_redis_up") == 1
     # Worker figures come from the heartbeat hashes: one live worker with four contexts.
