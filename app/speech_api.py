@@ -71,6 +71,8 @@ class _Room:
     room: str
     cursor: str = "0-0"
     chunks: int = 0
+    finished: bool = False
+    """The ``end`` entry was read and all audio handed out."""
     status: str | None = None
     error: str = ""
     buffered: list[np.ndarray[Any, Any]] = field(default_factory=list)
@@ -169,14 +171,13 @@ async def _cleanup(redis: Redis, room: str, *, finished: bool) -> None:
         log.warning("could not clean up private room %s: %s", room, exc)
 
 
-async def _body(reader: _Room, encoder: Encoder, limiter: _Limiter) -> AsyncIterator[bytes]:
-    finished = False
+async def _body(reader: _Room, encoder: Encoder) -> AsyncIterator[bytes]:
     try:
         while slices := await reader.read():
             out = b"".join(encoder.feed(s) for s in slices)
             if out:
                 yield out
-        finished = True
+        reader.finished = True
         tail = encoder.finish()
         if tail:
             yield tail
@@ -184,11 +185,26 @@ async def _body(reader: _Room, encoder: Encoder, limiter: _Limiter) -> AsyncIter
             log.warning("speech room %s ended %s: %s", reader.room, reader.status, reader.error)
     except TimeoutError as exc:
         log.warning("speech: %s; ending the response early", exc)
-    finally:
-        limiter.active -= 1
-        # The response may have been cancelled (client gone): clean up outside that cancellation.
-        with anyio.CancelScope(shield=True):
-            await _cleanup(reader.redis, reader.room, finished=finished)
+
+
+class _SpeechResponse(StreamingResponse):
+    """Gives the stream slot back and cleans the room up however the response ends: also when the
+    client is gone before the body started (a body generator that never ran has no ``finally``)."""
+
+    def __init__(self, reader: _Room, encoder: Encoder, limiter: _Limiter, media_type: str,
+                 headers: dict[str, str]) -> None:
+        super().__init__(_body(reader, encoder), media_type=media_type, headers=headers)
+        self._reader = reader
+        self._limiter = limiter
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._limiter.active -= 1
+            # Possibly inside a cancelled scope (client gone): clean up outside that cancellation.
+            with anyio.CancelScope(shield=True):
+                await _cleanup(self._reader.redis, self._reader.room, finished=self._reader.finished)
 
 
 async def _speech(request: Request, limiter: _Limiter) -> Response:
@@ -232,14 +248,16 @@ async def _speech(request: Request, limiter: _Limiter) -> Response:
         with anyio.CancelScope(shield=True):
             await _cleanup(redis, room, finished=False)
         raise
+    # From here the keys exist: give them a TTL at once, so that even a gateway that dies
+    # mid-stream leaves nothing behind for good (and the room leaves vx:rooms now).
+    await _cleanup(redis, room, finished=False)
     if not reader.buffered and reader.status != "ok":
         limiter.active -= 1
         await _cleanup(redis, room, finished=True)
         return api_error(500, f"synthesis failed: {reader.error or reader.status}", "synthesis_failed",
                          kind="server_error")
     log.info("speech: room %s voice %s format %s speed %.2f, %d characters", room, voice.id, fmt, speed, len(text))
-    return StreamingResponse(_body(reader, encoder, limiter), media_type=CONTENT_TYPES[fmt],
-                             headers={"X-Voxroom-Voice": voice.id})
+    return _SpeechResponse(reader, encoder, limiter, CONTENT_TYPES[fmt], {"X-Voxroom-Voice": voice.id})
 
 
 def routes(settings: Settings) -> list[Route]:

@@ -6,6 +6,7 @@ import asyncio
 import io
 import struct
 import wave
+from pathlib import Path
 
 import av
 import httpx
@@ -15,6 +16,7 @@ from redis.asyncio import Redis
 
 from tests.audio_analysis import is_speech_like, voiced_duration_s
 from tests.conftest import Stack
+from tests.support.processes import start_gateway
 from voxroom import keys
 from voxroom.protocol import ROOM_RATE
 
@@ -108,3 +110,34 @@ async def test_the_private_room_is_gone_after_the_response(stack: Stack) -> None
         assert not [r for r in await redis.zrange(keys.ROOMS, 0, -1) if r.startswith(keys.PRIVATE_ROOM_PREFIX)]
     finally:
         await redis.aclose()
+
+
+async def test_a_caller_that_leaves_mid_stream_leaves_no_keys_without_a_ttl(stack: Stack) -> None:
+    long_line = " ".join([LINE] * 6)[:500]
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{stack.port}", timeout=30) as http:
+        async with http.stream("POST", "/v1/audio/speech",
+                               json={"input": long_line, "voice": "en-espeak", "response_format": "pcm"}) as resp:
+            assert resp.status_code == 200
+            async for _ in resp.aiter_raw():
+                break  # hang up after the first piece
+    redis = Redis.from_url(stack.redis_url, decode_responses=True)
+    try:
+        await asyncio.sleep(0.5)
+        async for key in redis.scan_iter(match=f"{keys.PREFIX}:room:{keys.PRIVATE_ROOM_PREFIX}*"):
+            assert await redis.ttl(key) > 0, key
+    finally:
+        await redis.aclose()
+    resp, _, _ = await speech(stack, input="Still serving.", voice="en-espeak", response_format="pcm")
+    assert resp.status_code == 200
+
+
+async def test_past_the_stream_limit_the_answer_is_503_with_retry_after(
+        stack: Stack, tmp_path: Path) -> None:
+    gateway, port = start_gateway(stack.redis_url, tmp_path, VOXROOM_SPEECH_MAX_STREAMS="0")
+    try:
+        async with httpx.AsyncClient(timeout=10) as http:
+            resp = await http.post(f"http://127.0.0.1:{port}/v1/audio/speech", json={"input": "hi"})
+        assert resp.status_code == 503 and resp.headers["retry-after"] == "1"
+        assert resp.json()["error"]["code"] == "busy"
+    finally:
+        gateway.stop()
