@@ -24,6 +24,7 @@ class WorkerDirectory:
         self.interval_s = interval_s
         self.workers: dict[str, dict[str, str]] = {}
         self.engines: set[str] = set()
+        self.voices: set[str] = set()
         self.seen_any = False
 
     async def refresh(self) -> None:
@@ -36,12 +37,13 @@ class WorkerDirectory:
                 for k, v in raw.items()}
         self.workers = found
         self.engines = {e for w in found.values() for e in w.get("engines", "").split(",") if e}
+        self.voices = {v for w in found.values() for v in w.get("voices", "").split(",") if v}
         self.seen_any = self.seen_any or bool(found)
 
-    def serves(self, engine: str) -> bool:
+    def serves(self, voice_id: str) -> bool:
         """Before any worker has ever been seen, every catalog voice is allowed (workers may still
-        be loading); afterwards only engines some live worker serves."""
-        return not self.seen_any or engine in self.engines
+        be loading); afterwards only voices some live worker speaks."""
+        return not self.seen_any or voice_id in self.voices
 
     async def run(self) -> None:
         while True:

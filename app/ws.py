@@ -107,11 +107,11 @@ async def _handle(msg: protocol.ClientMessage, conn: ClientConnection, state: Ga
     if isinstance(msg, protocol.Resume):
         return  # resume is served by the reliability layer; accepted and ignored until then
     try:
-        voice = (resolve_scene(state.catalog, msg.scene, lambda v: state.directory.serves(v.engine))
+        voice = (resolve_scene(state.catalog, msg.scene, lambda v: state.directory.serves(v.id))
                  if msg.scene is not None else state.catalog.get(msg.voice))
     except UnknownVoice as exc:
         raise ProtocolError(ErrorCode.UNKNOWN_VOICE, str(exc), seq=msg.seq) from None
-    if not state.directory.serves(voice.engine):
+    if not state.directory.serves(voice.id):
         raise ProtocolError(ErrorCode.UNKNOWN_VOICE,
                             f"voice {voice.id!r} needs engine {voice.engine!r}, which no worker runs", seq=msg.seq)
     outcome = await state.ingress.say(conn.room, conn.client_id, msg.seq, msg.text, voice.id)

@@ -57,8 +57,10 @@ class Settings:
     """Contexts when there is no GPU (one per GPU otherwise)."""
     context_queue: int = 4
     """Bounded queue per context: utterances accepted but not yet started."""
-    context_inflight: int = 2
-    """Utterances one context may have between start of synthesis and end of publishing."""
+    context_inflight: int = 64
+    """Utterances one context may hold between start of synthesis and end of publishing. Publishing
+    takes real time (an utterance plays for seconds) while synthesis is much faster, so this is a
+    bound on buffered audio (memory), not on synthesis: at most this many rooms play from one context."""
     claim_idle_ms: int = 15_000
     """An utterance pending this long on a dead consumer is claimed by another worker."""
     order_wait_ms: int = 30_000
@@ -70,6 +72,10 @@ class Settings:
     chattts_int8: bool = False
     chattts_empty_cache_every: int = 50
     batch_window_ms: int = 15
+    synthetic_ttfc_ms: float = 50.0
+    """Benchmark engine only: its fixed time to first chunk."""
+    synthetic_rtf: float = 0.05
+    """Benchmark engine only: its fixed real-time factor."""
 
     # --- voices, cache and opus (docs/voices.md, docs/api.md) ----------------------------------
     opus_bitrate: int = 24_000
@@ -115,6 +121,8 @@ class Settings:
 def _coerce(raw: str, default: Any) -> Any:
     if isinstance(default, bool):
         return _bool(raw)
+    if isinstance(default, float):
+        return float(raw)
     if isinstance(default, int):
         return int(raw)
     if isinstance(default, tuple):

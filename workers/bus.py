@@ -80,8 +80,8 @@ class WorkerBus:
         return int(nxt or 1), float(end_ms or 0.0)
 
     async def output_tail(self, room: str) -> str:
-        last = await self.redis.xrevrange(keys.room_output(room), count=1)
-        return str(last[0][0]) if last else "0-0"
+        last: Any = await self.raw.xrevrange(keys.room_output(room), count=1)  # entries may hold audio
+        return bytes(last[0][0]).decode() if last else "0-0"
 
     async def wait_output(self, room: str, after_id: str, block_ms: int) -> str:
         """Block until the room's output stream has an entry after ``after_id``; return the new tail."""

@@ -31,7 +31,7 @@ log = logging.getLogger("voxroom.worker.context")
 
 class Context:
     def __init__(self, name: str, device: str, engines: dict[str, Engine], catalog: Catalog, *,
-                 queue_size: int = 4, inflight: int = 2, batch_window_ms: float = 15.0) -> None:
+                 queue_size: int = 4, inflight: int = 64, batch_window_ms: float = 15.0) -> None:
         self.name = name
         self.device = device
         self.engines = engines
@@ -118,7 +118,6 @@ class Context:
             if utt.error is None and not utt.cancel.is_set() and slices:
                 await self.cache.put(self._fingerprint(engine, utt), b"".join(s.tobytes() for s in slices))
 
-
     async def _gather_batch(self, engine: Engine, first: Utterance) -> list[Utterance]:
         """More jobs for the same engine that arrive within the batch window."""
         more: list[Utterance] = []
@@ -159,6 +158,8 @@ class Context:
     def _synthesize(self, engine: Engine, batch: Sequence[Utterance]) -> list[list[Slice]]:
         """Returns every utterance's slices when the cache wants them (kept by reference, not copied)."""
         started = time.perf_counter()
+        for utt in batch:
+            utt.synth_started_ms = time.time() * 1000.0
         slicers = [Slicer(engine.sample_rate) for _ in batch]
         kept: list[list[Slice]] = [[] for _ in batch]
         tee = kept if self.cache is not None else None

@@ -97,3 +97,5 @@ class Utterance:
     cancel: threading.Event = field(default_factory=threading.Event)
     error: str | None = None
     engine_first_chunk_ms: float | None = None
+    synth_started_ms: float | None = None
+    """Room-clock time the engine was called (``job.time_ms`` is when the gateway accepted it)."""

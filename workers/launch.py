@@ -73,7 +73,7 @@ def engine_options(name: str, settings: Settings) -> dict[str, Any]:
                 "custom_path": found, "int8": settings.chattts_int8,
                 "empty_cache_every": settings.chattts_empty_cache_every}
     if name == "synthetic":
-        return dict(settings.extra.get("synthetic", {}))
+        return {"ttfc_ms": settings.synthetic_ttfc_ms, "rtf": settings.synthetic_rtf}
     return {}
 
 

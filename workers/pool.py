@@ -31,7 +31,7 @@ def detect_devices(cpu_contexts: int) -> list[str]:
 
 class ContextPool:
     def __init__(self, devices: list[str], make_engines: EngineFactory, catalog: Catalog, *,
-                 queue_size: int = 4, inflight: int = 2, batch_window_ms: float = 15.0) -> None:
+                 queue_size: int = 4, inflight: int = 64, batch_window_ms: float = 15.0) -> None:
         self.contexts = [
             Context(f"{device}#{i}", device, make_engines(device), catalog, queue_size=queue_size,
                     inflight=inflight, batch_window_ms=batch_window_ms)

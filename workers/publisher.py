@@ -38,23 +38,29 @@ class PublishResult:
     late_shifts: int
 
 
-async def wait_for_turn(bus: WorkerBus, utt: Utterance, clock: RoomClock, timeout_ms: float) -> str:
-    """``ok`` when it is this utterance's turn, ``stale`` when the room has already moved past it
-    (it was skipped), or ``timeout`` after which the caller skips the predecessor."""
+async def wait_for_turn(bus: WorkerBus, utt: Utterance, clock: RoomClock,
+                        timeout_ms: float) -> tuple[str, float]:
+    """``("ok", end_ms)`` when it is this utterance's turn (``end_ms``: where the room's audio
+    ends), ``("stale", _)`` when the room already moved past it (it was skipped), or
+    ``("timeout", _)`` after which the caller skips the predecessor."""
     room, seq = utt.job.room, utt.job.seq
+    nxt, end_ms = await bus.room_turn(room)  # the common case, a quiet room: one round trip
+    if nxt == seq:
+        return "ok", end_ms
     deadline = clock.now_ms() + timeout_ms
     tail = await bus.output_tail(room)
     while True:
-        nxt, _ = await bus.room_turn(room)
+        nxt, end_ms = await bus.room_turn(room)
         if nxt == seq:
-            return "ok"
+            return "ok", end_ms
         if nxt > seq:
-            return "stale"
+            return "stale", end_ms
         remaining = deadline - clock.now_ms()
         if remaining <= 0:
-            return "timeout"
+            return "timeout", end_ms
         # Every change of ``next`` comes with an ``end`` entry in the output stream, so a blocked
-        # read on the stream wakes us exactly when it is worth checking again.
+        # read on the stream wakes us exactly when it is worth checking again. The tail was read
+        # before the check above, so an ``end`` that lands in between still wakes us.
         tail = await bus.wait_output(room, tail, int(min(remaining, 1000)))
 
 
@@ -68,7 +74,7 @@ async def publish_utterance(bus: WorkerBus, utt: Utterance, clock: RoomClock, *,
     ``paced=False`` (private API rooms, which nobody plays in real time): slices go out as soon as
     they exist, in batches of at most :data:`UNPACED_BATCH`; order and framing are unchanged."""
     job = utt.job
-    turn = await wait_for_turn(bus, utt, clock, order_wait_ms)
+    turn, end_ms = await wait_for_turn(bus, utt, clock, order_wait_ms)
     if turn == "stale":
         utt.cancel.set()
         log.warning("room %s utterance %d arrived after the room moved on; dropped", job.room, job.seq)
@@ -77,11 +83,11 @@ async def publish_utterance(bus: WorkerBus, utt: Utterance, clock: RoomClock, *,
         log.warning("room %s utterance %d waited %.0f ms for its predecessor; skipping past it",
                     job.room, job.seq, order_wait_ms)
         await bus.skip_to(job.room, job.seq)
+        _, end_ms = await bus.room_turn(job.room)
 
     # Stamp the start once the first slice exists: stamping earlier would put a slow engine's
     # first slice in the past and force a shift on every utterance.
     first = await utt.slices.get()
-    _, end_ms = await bus.room_turn(job.room)
     next_pts = max(clock.now_ms() + lead_ms, end_ms)
     chunk = 0
     shifts = 0

@@ -71,7 +71,6 @@ class Worker:
         for ctx in pool.contexts:
             ctx.cache = self.cache
 
-
     def stop(self) -> None:
         self._stopping.set()
 
@@ -177,9 +176,11 @@ class Worker:
                                              paced=not job.room.startswith(keys.PRIVATE_ROOM_PREFIX))
             await self.bus.ack(job.entry_id)
             self.published += 1
-            log.info("room %s utterance %d %s: %d slices, engine first chunk %s ms, %d late shifts",
-                     job.room, job.seq, result.status, result.chunks,
-                     f"{utt.engine_first_chunk_ms:.0f}" if utt.engine_first_chunk_ms else "-",
+            ttfa = (result.first_slice_ms - job.time_ms) if result.first_slice_ms else float("nan")
+            queued = (utt.synth_started_ms - job.time_ms) if utt.synth_started_ms else float("nan")
+            log.info("room %s utterance %d %s: %d slices, time to first audio %.1f ms (queued %.1f, engine "
+                     "first chunk %s ms), %d late shifts", job.room, job.seq, result.status, result.chunks, ttfa,
+                     queued, f"{utt.engine_first_chunk_ms:.1f}" if utt.engine_first_chunk_ms is not None else "-",
                      result.late_shifts)
         finally:
             self.inflight.pop(job.entry_id, None)
@@ -195,6 +196,7 @@ class Worker:
             try:
                 await self.bus.heartbeat(self.id, {
                     "engines": ",".join(sorted(self.pool.engine_names())),
+                    "voices": ",".join(sorted(v.id for v in self.catalog if v.engine in self.pool.engine_names())),
                     "contexts": ",".join(c.device for c in self.pool.contexts),
                     "load": self.pool.load(), "free": self.pool.free(), "published": self.published,
                     "rtf": f"{_rtf(self.pool):.3f}", "pid": os.getpid(), "time_ms": int(time.time() * 1000),

@@ -28,7 +28,10 @@ async def test_clients_on_two_gateways_hear_the_same_room_from_two_workers(own_r
         async with RoomClient(port_a, "village") as a, RoomClient(port_b, "village") as b:
             lines = [f"Player {n} speaks now." for n in range(1, 7)]
             for i, line in enumerate(lines):
-                await (a if i % 2 == 0 else b).say(line, voice="en-espeak" if i % 3 else "en-joe")
+                speaker = a if i % 2 == 0 else b
+                await speaker.say(line, voice="en-espeak" if i % 3 else "en-joe")
+                # Two sockets race to the Redis script; wait for the seq so the expected order is known.
+                await speaker.wait_for(lambda g, n=i // 2 + 1: len(g.of("accepted")) >= n, 10)
             await a.wait_ends(6, timeout=60)
             await b.wait_ends(6, timeout=60)
             await asyncio.sleep(0.2)

@@ -1,0 +1,131 @@
+"""Server-added latency: `say` sent -> first audio frame received, minus the engine's own time to
+first chunk for the same text, measured in-process in the same run.
+
+    .venv/bin/python bench/latency.py [--rounds 20] [--rooms 1,10,100]
+
+Starts its own redis-server, one worker and one gateway (real processes, loopback). Two engines:
+espeak-ng (a real voice whose first chunk takes about a millisecond, so what remains is the
+server) and the synthetic benchmark engine (fixed time to first chunk, sleeps instead of computing)
+which gets one context per room so that 100 rooms measure the server, not queueing for a CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.support.processes import start_gateway, start_worker  # noqa: E402
+from tests.support.room_client import RoomClient  # noqa: E402
+from voxroom.redis_server import RedisServer  # noqa: E402
+from voxroom.voices import Catalog  # noqa: E402
+from workers.engines.base import SynthesisRequest  # noqa: E402
+from workers.engines.registry import create_engine  # noqa: E402
+
+TEXT = "The werewolves wake up."
+
+
+def engine_ttfc_ms(engine_name: str, voice_id: str, runs: int, **options: float) -> float:
+    """Median in-process time to the engine's first chunk for TEXT."""
+    engine = create_engine(engine_name, **options)
+    engine.load("cpu")
+    voice = Catalog.load().get(voice_id)
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        for _chunk in engine.stream(SynthesisRequest(TEXT, voice), threading.Event()):
+            times.append((time.perf_counter() - start) * 1000)
+            break
+    engine.close()
+    return statistics.median(times)
+
+
+async def one_round(port: int, rooms: int, round_no: int, clients: list[RoomClient]) -> list[float]:
+    sent: list[float] = []
+    for i, client in enumerate(clients):
+        sent.append(time.time() * 1000)
+        await client.say(f"{TEXT} {round_no}-{i}", voice=VOICE)
+    await asyncio.gather(*(c.wait_for(lambda g, n=round_no: len(g.ends()) >= n, 30) for c in clients))
+    # ``end`` arrives lead_ms before the audio finishes playing; a `say` sent before that is
+    # scheduled after it (gapless), which would count the room's own playback as latency.
+    await asyncio.sleep(0.25)
+    out = []
+    for t_sent, client in zip(sent, clients, strict=True):
+        idx = next(i for i, f in enumerate(client.got.frames) if f.seq == round_no and f.chunk == 0)
+        out.append(client.got.frame_times[idx] - t_sent)
+    return out
+
+
+def pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+
+async def measure(port: int, rooms: int, rounds: int, tag: str) -> list[float]:
+    clients = [RoomClient(port, f"bench-{tag}-{rooms}-{i}") for i in range(rooms)]
+    for c in clients:
+        await c.__aenter__()
+    try:
+        samples: list[float] = []
+        await one_round(port, rooms, 1, clients)  # warm-up (connections, engine caches)
+        for r in range(2, rounds + 2):
+            samples += await one_round(port, rooms, r, clients)
+        return samples
+    finally:
+        for c in clients:
+            await c.__aexit__(None, None, None)
+
+
+VOICE = "en-espeak"
+
+
+def main() -> None:
+    global VOICE
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--rooms", default="1,10,100")
+    args = parser.parse_args()
+    room_counts = [int(x) for x in args.rooms.split(",")]
+    rows = []
+    logs = tempfile.mkdtemp(prefix="vxbench-")  # kept: worker and gateway logs for a failed run
+    with RedisServer() as redis:
+        for engine, contexts, max_rooms, options in (
+            ("espeak", 2, 10, {}),
+            ("synthetic", max(room_counts), max(room_counts), {"ttfc_ms": 50.0, "rtf": 0.05}),
+        ):
+            VOICE = "en-espeak"
+            env: dict[str, str] = {}
+            if engine == "synthetic":
+                env.update(VOXROOM_SYNTHETIC_TTFC_MS=str(options["ttfc_ms"]), VOXROOM_SYNTHETIC_RTF=str(options["rtf"]))
+            worker = start_worker(redis.url, Path(logs), engine="offline" if engine == "espeak" else engine,
+                                  contexts=contexts, **env)
+            gateway, port = start_gateway(redis.url, Path(logs))
+            try:
+                ttfc = engine_ttfc_ms(engine, VOICE, 20, **options)
+                for rooms in room_counts:
+                    if rooms > max_rooms:
+                        continue
+                    total = asyncio.run(measure(port, rooms, args.rounds, engine))
+                    added = [t - ttfc for t in total]
+                    rows.append((engine, rooms, len(total), ttfc, pct(total, 50), pct(added, 50), pct(added, 95),
+                                 pct(added, 99)))
+            finally:
+                gateway.stop()
+                worker.stop()
+    print(f"\nserver-added latency (say -> first audio frame, minus engine time to first chunk); "
+          f"{args.rounds} rounds per row\n")
+    print("| engine | rooms at once | samples | engine TTFC ms | total p50 ms | added p50 ms | added p95 ms | added p99 ms |")
+    print("|---|---|---|---|---|---|---|---|")
+    for e, r, n, ttfc, tot, p50, p95, p99 in rows:
+        print(f"| {e} | {r} | {n} | {ttfc:.1f} | {tot:.1f} | {p50:.2f} | {p95:.2f} | {p99:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
