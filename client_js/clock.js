@@ -101,20 +101,22 @@ export class ClockSync {
 /**
  * Walks the room timeline for an audio renderer. Given the latest mapping
  * room µs = a + b · local seconds, it steps at that rate, and when the mapping moves (a new pong,
- * a drifting sound card) it slews toward it by at most `maxSlew` (0.2 %: about 3 cents of pitch,
- * inaudible) instead of jumping, which would click. A large error (the context was suspended,
- * the first mapping) snaps instead.
+ * a drifting sound card) it slews toward it by at most `maxSlew` (0.5 %: under 9 cents of pitch,
+ * not heard in speech) instead of jumping, which would click. While nothing plays it snaps, since
+ * a jump in silence is inaudible. A large error while playing (the context was suspended, the
+ * audio thread fell behind and its clock skipped) also snaps: the device has glitched already,
+ * and slewing 20 ms would leave this listener out of step for seconds.
  */
 export class Playhead {
   /**
    * @param {object} [options]
-   * @param {number} [options.maxSlew=0.002]
+   * @param {number} [options.maxSlew=0.005]
    * @param {number} [options.tauS=0.5]  the error is corrected over about this long
-   * @param {number} [options.snapUs=60000]  errors above this snap (and count as a resync)
+   * @param {number} [options.snapUs=20000]  errors above this snap (and count as a resync)
    * @param {number} [options.deadbandUs=300]  errors below this are left alone, so that the
    *   jitter of successive mappings does not wobble the pitch
    */
-  constructor({ maxSlew = 0.002, tauS = 0.5, snapUs = 60_000, deadbandUs = 300 } = {}) {
+  constructor({ maxSlew = 0.005, tauS = 0.5, snapUs = 20_000, deadbandUs = 300 } = {}) {
     this.maxSlew = maxSlew;
     this.deadbandUs = deadbandUs;
     this.tauS = tauS;
@@ -135,14 +137,17 @@ export class Playhead {
    * The room times of the next `frames` samples at output rate `rate`, rendered at local time
    * `localS` (seconds). Returns null until a mapping is known.
    * @param {number} localS @param {number} frames @param {number} rate
+   * @param {boolean} [silent=false]  nothing is playing: a jump cannot be heard, so the playhead
+   *   snaps to the mapping instead of slewing (slewing 30 ms at 0.2 % would take 15 s)
    * @returns {{startUs: number, stepUs: number} | null}
    */
-  advance(localS, frames, rate) {
+  advance(localS, frames, rate, silent = false) {
     const m = this.mapping;
     if (!m) return null;
     const target = m.a + m.b * localS;
-    if (this.posUs === null || Math.abs(target - this.posUs) > this.snapUs) {
-      if (this.posUs !== null) this.resyncs++;
+    const off = this.posUs === null ? Infinity : Math.abs(target - this.posUs);
+    if (off > this.snapUs || (silent && off > this.deadbandUs)) {
+      if (this.posUs !== null && !silent) this.resyncs++;
       this.posUs = target;
     }
     const err = target - this.posUs; // µs

@@ -48,6 +48,7 @@ const STATS_EVERY_MS = 250;
  * @property {number} concealed
  * @property {number} played
  * @property {number} restarts
+ * @property {number} resyncs  times the playhead jumped while playing (the audio clock skipped)
  * @property {number} rttMs  fastest ping round trip in the window
  * @property {number} driftPpm  room clock against the local clock
  * @property {number | null} ttfaMs  time to first audio of this client's last line
@@ -174,7 +175,7 @@ export class VoxroomClient extends EventTarget {
     const s = this.player.report.stats;
     return { state: this.state, depth: s.depth ?? 0, bufferedMs: s.bufferedMs ?? 0, underruns: s.underruns ?? 0,
       lateDrops: s.lateDrops ?? 0, concealed: s.concealed ?? 0, played: s.played ?? 0, restarts: s.restarts ?? 0,
-      rttMs: this.clock.rttMs, driftPpm: this.clock.drift * 1e6, ttfaMs: this.ttfaMs,
+      resyncs: this.player.report.resyncs, rttMs: this.clock.rttMs, driftPpm: this.clock.drift * 1e6, ttfaMs: this.ttfaMs,
       sampleRate: this.player.context?.sampleRate ?? 0, codec: this.codec };
   }
 

@@ -55,7 +55,11 @@ class PlayerProcessor extends AudioWorkletProcessor {
   process(_inputs, outputs) {
     const channels = outputs[0];
     const main = channels[0];
-    const r = this.head.advance(currentTime, main.length, sampleRate);
+    // Silent = nothing sounded last quantum and nothing is due before the end of this one.
+    const next = this.jb.queue[0];
+    const silent = this.jb.silent && (next === undefined || this.head.posUs === null
+      || next.start > this.head.posUs + 2 * main.length * (1e6 / sampleRate));
+    const r = this.head.advance(currentTime, main.length, sampleRate, silent);
     if (r) this.jb.render(main, r.startUs, r.stepUs);
     else main.fill(0);
     for (let c = 1; c < channels.length; c++) channels[c].set(main);

