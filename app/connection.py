@@ -26,6 +26,8 @@ class ClientConnection:
                  codec: int = CODEC_PCM16) -> None:
         self.websocket = websocket
         self.codec = codec
+        self.joined_at: str | None = None
+        """The room output stream id this client's live delivery starts after (set by the hub)."""
         """Which copy of each audio frame this client gets (``?codec=`` on the WebSocket URL)."""
         self.room = room
         self.client_id = client_id
@@ -36,6 +38,16 @@ class ClientConnection:
         self.sent_audio = 0
         self.dropped_audio = 0
         self.overflowed = False
+
+    def prepend(self, items: list[str | bytes]) -> None:
+        """Queue ``items`` ahead of everything waiting (a resume's replay comes before live audio).
+        The replay is bounded by the room output stream's MAXLEN, so the queue may hold up to
+        ``limit`` plus that for as long as the client takes to drain it; live audio arriving
+        meanwhile follows the usual drop-oldest policy."""
+        if self._closed or not items:
+            return
+        self._queue.extendleft(reversed(items))
+        self._ready.set()
 
     def send_text(self, text: str) -> None:
         self._push(text)

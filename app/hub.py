@@ -29,6 +29,7 @@ from voxroom.protocol import CODEC_OPUS, ROOM_RATE
 log = logging.getLogger("voxroom.gateway.hub")
 
 WAKE_MAXLEN = 16
+REPLAY_BATCH = 256
 READ_COUNT = 512
 
 
@@ -41,6 +42,8 @@ def control_message(fields: dict[bytes, bytes]) -> str | None:
             "voice": fields.get(b"voice", b"").decode(), "text": fields.get(b"text", b"").decode(),
             "pts_ms": float(fields.get(b"pts_ms", b"0")), "sample_rate": int(fields.get(b"rate", ROOM_RATE)),
         }
+        if fields.get(b"restart"):
+            msg["restart"] = True
     elif kind == b"end":
         msg = {"type": "end", "utterance": int(fields[b"seq"]), "chunks": int(fields.get(b"chunks", b"0")),
                "duration_ms": float(fields.get(b"duration_ms", b"0")),
@@ -122,17 +125,61 @@ class RoomHub:
         self.frames_in = 0
 
     async def join(self, client: ClientConnection) -> None:
+        """Add a client; from now on it gets every entry after ``client.joined_at``."""
         async with self._lock:
             members = self.rooms.get(client.room)
             if members is not None:
                 members.add(client)
+                # The reader dispatches synchronously right after moving its cursor, so entries up
+                # to the cursor went to the others and everything after it reaches this client too.
+                client.joined_at = self._reader_of[client.room].cursors[client.room]
                 return
             self.rooms[client.room] = {client}
             reader = self._pick_reader()
             # Start from the stream's current tail: nothing published after this join is missed.
-            reader.cursors[client.room] = await _tail(self.redis, keys.room_output(client.room))
+            reader.cursors[client.room] = client.joined_at = await _tail(self.redis, keys.room_output(client.room))
             self._reader_of[client.room] = reader
         await reader.wake()
+
+    async def replay(self, client: ClientConnection, seq: int, chunk: int) -> int:
+        """Resume: queue for ``client`` what the room published after (utterance ``seq``, slice
+        ``chunk``) and before the client joined, ahead of the live entries. The scan is bounded by
+        the output stream's MAXLEN; what was trimmed away is gone (the client sees the gap as
+        missing chunks). Returns how many entries were queued."""
+        key = keys.room_output(client.room)
+        upper = client.joined_at or "+"
+        found: list[Any] = []
+        done = False
+        while not done:
+            batch: Any = await self.redis.xrevrange(key, max=upper, min="-", count=REPLAY_BATCH)
+            if not batch:
+                break
+            for entry_id, fields in batch:
+                entry_seq = int(fields.get(b"seq", b"0"))
+                kind = fields.get(b"kind")
+                entry_chunk = int(fields.get(b"chunk", b"-1")) if kind == b"chunk" else -1
+                if entry_seq < seq or (entry_seq == seq and (kind == b"start" or entry_chunk == chunk)):
+                    done = True
+                    break
+                if entry_seq > seq or entry_chunk > chunk or kind == b"end":
+                    found.append((entry_id, fields))
+            if len(batch) < REPLAY_BATCH:
+                break
+            last = batch[-1][0]
+            upper = "(" + (last.decode() if isinstance(last, bytes) else str(last))
+        found.reverse()
+        items: list[str | bytes] = []
+        for _entry_id, fields in found:
+            frame = fields.get(b"frame")
+            if frame is not None:
+                opus = fields.get(b"opus")
+                items.append(opus if opus is not None and client.codec == CODEC_OPUS else frame)
+                continue
+            text = control_message(fields)
+            if text is not None:
+                items.append(text)
+        client.prepend(items)
+        return len(items)
 
     async def leave(self, client: ClientConnection) -> None:
         async with self._lock:

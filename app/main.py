@@ -29,6 +29,8 @@ from app.ingress import Ingress
 from app.metrics import metrics_endpoint
 from app.state import GatewayState
 from app.ws import room_endpoint
+from voxroom import tokens
+from voxroom.errors import ConfigError
 from voxroom.protocol import CloseCode
 from voxroom.settings import Settings
 from voxroom.voices import Catalog
@@ -59,7 +61,20 @@ async def index(request: Request) -> Response:
     return FileResponse(page)
 
 
+def check_auth_settings(settings: Settings) -> None:
+    """Auth is on unless explicitly turned off: refuse to start without a usable secret."""
+    if settings.insecure_dev:
+        log.warning("INSECURE DEV MODE: no token is required to join or speak in any room. "
+                    "Never expose this gateway.")
+        return
+    if not settings.jwt_secret:
+        raise ConfigError("set VOXROOM_JWT_SECRET (room tokens) or pass --insecure-dev for a local demo")
+    if len(settings.jwt_secret.encode()) < tokens.MIN_SECRET_BYTES:
+        raise ConfigError(f"VOXROOM_JWT_SECRET must be at least {tokens.MIN_SECRET_BYTES} bytes")
+
+
 def create_app(settings: Settings, *, catalog: Catalog | None = None) -> Starlette:
+    check_auth_settings(settings)
     catalog = catalog or Catalog.load(settings.voices_path)
 
     @contextlib.asynccontextmanager

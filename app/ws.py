@@ -10,15 +10,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from app.admission import Refused, admit
 from app.connection import ClientConnection
+from app.ratelimit import TokenBucket
 from app.state import GatewayState
 from voxroom import metrics, protocol
 from voxroom.errors import UnknownVoice
 from voxroom.protocol import CloseCode, ErrorCode, ProtocolError
+from voxroom.tokens import Grant
 from voxroom.voice_search import resolve_scene
 
 log = logging.getLogger("voxroom.gateway.ws")
@@ -26,30 +28,15 @@ log = logging.getLogger("voxroom.gateway.ws")
 
 async def room_endpoint(websocket: WebSocket) -> None:
     state: GatewayState = websocket.app.state.voxroom
-    room = websocket.path_params["room_id"]
-    if not protocol.valid_room_id(room):
-        await websocket.accept()
-        await websocket.close(CloseCode.POLICY_VIOLATION, "bad room id: 1-64 of A-Z a-z 0-9 _ -")
-        return
-    if state.connections >= state.settings.max_connections or state.draining:
-        await websocket.accept()
-        code = CloseCode.SERVICE_RESTART if state.draining else CloseCode.TRY_AGAIN_LATER
-        metrics.CONNECTIONS_REFUSED.labels(str(code)).inc()
-        await websocket.close(code, "gateway full; retry later" if not state.draining else "restarting")
-        return
-    client_id = websocket.query_params.get("client") or uuid.uuid4().hex[:12]
-    if not protocol.valid_room_id(client_id):
-        await websocket.accept()
-        await websocket.close(CloseCode.POLICY_VIOLATION, "bad client id")
-        return
-    codec = protocol.CODECS_BY_NAME.get(websocket.query_params.get("codec") or "pcm16")
-    if codec is None:
-        await websocket.accept()
-        await websocket.close(CloseCode.POLICY_VIOLATION, "codec must be pcm16 or opus")
-        return
+    decision = admit(websocket, state)
     await websocket.accept()
+    if isinstance(decision, Refused):
+        metrics.CONNECTIONS_REFUSED.labels(str(decision.code)).inc()
+        await websocket.close(decision.code, decision.reason)
+        return
+    room, client_id = decision.room, decision.client_id
     conn = ClientConnection(websocket, room=room, client_id=client_id, limit=state.settings.send_queue_slices,
-                            codec=codec)
+                            codec=decision.codec)
     state.connections += 1
     state.clients.add(conn)
     writer = asyncio.create_task(conn.run_writer(), name=f"room:{room}:client:{client_id}:writer")
@@ -58,8 +45,9 @@ async def room_endpoint(websocket: WebSocket) -> None:
         conn.send_text(protocol.encode_server_message({
             "type": "welcome", "protocol": protocol.PROTOCOL_VERSION, "room": room, "client": client_id,
             "sample_rate": protocol.ROOM_RATE, "slice_ms": protocol.SLICE_MS, "voice": state.catalog.default,
-            "server_ms": time.time() * 1000.0, "codec": protocol.CODEC_NAMES[codec]}))
-        await _receive_loop(websocket, conn, state, writer)
+            "server_ms": time.time() * 1000.0, "codec": protocol.CODEC_NAMES[decision.codec],
+            "role": decision.grant.role}))
+        await _receive_loop(websocket, conn, state, writer, decision.grant)
     finally:
         conn.close()
         await state.hub.leave(conn)
@@ -72,8 +60,21 @@ async def room_endpoint(websocket: WebSocket) -> None:
             await asyncio.gather(writer, return_exceptions=True)
 
 
+class _Limits:
+    """The connection's token buckets and its count of frames refused in a row."""
+
+    def __init__(self, state: GatewayState) -> None:
+        now = time.monotonic()
+        s = state.settings
+        self.frames = TokenBucket(s.frame_rate, s.frame_burst, now)
+        self.says = TokenBucket(s.say_rate, s.say_burst, now)
+        self.refused_in_row = 0
+        self.flood_close_after = s.flood_close_after
+
+
 async def _receive_loop(websocket: WebSocket, conn: ClientConnection, state: GatewayState,
-                        writer: asyncio.Task[None]) -> None:
+                        writer: asyncio.Task[None], grant: Grant) -> None:
+    limits = _Limits(state)
     while True:
         receive = asyncio.ensure_future(websocket.receive())
         done, _ = await asyncio.wait([receive, writer], return_when=asyncio.FIRST_COMPLETED)
@@ -87,8 +88,19 @@ async def _receive_loop(websocket: WebSocket, conn: ClientConnection, state: Gat
         if data is None:
             data = message.get("bytes") or b""
         try:
+            wait_s = limits.frames.take(time.monotonic())
+            if wait_s:
+                limits.refused_in_row += 1
+                if limits.refused_in_row >= limits.flood_close_after:
+                    log.warning("client %s in room %s flooded the gateway; closing", conn.client_id, conn.room)
+                    conn.close()
+                    await websocket.close(CloseCode.POLICY_VIOLATION, "flood: too many frames")
+                    raise WebSocketDisconnect(CloseCode.POLICY_VIOLATION)
+                raise ProtocolError(ErrorCode.RATE_LIMITED, "too many frames; this one was ignored",
+                                    retry_after_ms=int(wait_s * 1000) + 1)
+            limits.refused_in_row = 0
             parsed = protocol.parse_client_message(protocol.decode_client_frame(data))
-            await _handle(parsed, conn, state)
+            await _handle(parsed, conn, state, grant, limits)
         except ProtocolError as exc:
             metrics.ERRORS.labels(exc.code).inc()
             if exc.fatal:
@@ -99,13 +111,23 @@ async def _receive_loop(websocket: WebSocket, conn: ClientConnection, state: Gat
                 protocol.error_message(exc.code, exc.message, seq=exc.seq, retry_after_ms=exc.retry_after_ms)))
 
 
-async def _handle(msg: protocol.ClientMessage, conn: ClientConnection, state: GatewayState) -> None:
+async def _handle(msg: protocol.ClientMessage, conn: ClientConnection, state: GatewayState, grant: Grant,
+                  limits: _Limits) -> None:
     if isinstance(msg, protocol.Ping):
         conn.send_text(protocol.encode_server_message(
             {"type": "pong", "t": msg.t, "server_ms": time.time() * 1000.0}))
         return
     if isinstance(msg, protocol.Resume):
-        return  # resume is served by the reliability layer; accepted and ignored until then
+        replayed = await state.hub.replay(conn, msg.seq, msg.chunk)
+        log.info("client %s resumed room %s after %d/%d: %d entries replayed", conn.client_id, conn.room,
+                 msg.seq, msg.chunk, replayed)
+        return
+    if not grant.can_speak:
+        raise ProtocolError(ErrorCode.FORBIDDEN, "a listener token cannot speak", seq=msg.seq)
+    wait_s = limits.says.take(time.monotonic())
+    if wait_s:
+        raise ProtocolError(ErrorCode.RATE_LIMITED, "too many lines; slow down", seq=msg.seq,
+                            retry_after_ms=int(wait_s * 1000) + 1)
     try:
         voice = (resolve_scene(state.catalog, msg.scene, lambda v: state.directory.serves(v.id))
                  if msg.scene is not None else state.catalog.get(msg.voice))

@@ -119,9 +119,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if settings.voices_path:
             env["VOXROOM_VOICES_PATH"] = settings.voices_path
         worker = subprocess.Popen([sys.executable, "-m", "voxroom", "worker"], env=env)
-        if settings.insecure_dev:
-            log.warning("--insecure-dev: no token is required to join or speak in any room. "
-                        "Never expose this server.")
         _banner(settings, f"voxroom serving on http://{settings.host}:{settings.port}/  (Ctrl-C stops it)")
         _run_gateway(settings)
     finally:
@@ -134,6 +131,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 worker.wait()
         if redis_server is not None:
             redis_server.stop()
+    return 0
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    from voxroom import tokens
+
+    settings = Settings.from_env()
+    secret = args.secret or settings.jwt_secret
+    if not secret:
+        print("voxroom token: set VOXROOM_JWT_SECRET or pass --secret", file=sys.stderr)
+        return 2
+    print(tokens.mint(secret, args.room, args.role, ttl_s=args.ttl, subject=args.subject))
     return 0
 
 
@@ -170,6 +179,13 @@ def build_parser() -> argparse.ArgumentParser:
     common(worker)
     worker_opts(worker)
     worker.set_defaults(func=cmd_worker)
+    token = sub.add_parser("token", help="mint a signed room token (JWT, HS256)")
+    token.add_argument("--room", required=True, help="a room id, or * for every room")
+    token.add_argument("--role", choices=["speaker", "listener"], default="speaker")
+    token.add_argument("--ttl", type=int, default=3600, help="seconds until it expires (default 3600)")
+    token.add_argument("--subject", help="the client id the token speaks as (optional)")
+    token.add_argument("--secret", help="default: $VOXROOM_JWT_SECRET")
+    token.set_defaults(func=cmd_token)
     from voxroom.rooms import add_commands
 
     add_commands(sub, common, _settings)

@@ -15,7 +15,7 @@ import re
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Literal, TypedDict
+from typing import Any, Final, Literal, NotRequired, TypedDict
 
 import msgpack
 
@@ -239,6 +239,8 @@ class Welcome(TypedDict):
     codec: str
     """``pcm16`` or ``opus``: what the client asked for with ``?codec=`` (audio frames still say
     their own codec in their header)."""
+    role: Literal["speaker", "listener"]
+    """What the token allows (``speaker`` when auth is off)."""
 
 
 class Accepted(TypedDict):
@@ -255,6 +257,9 @@ class Start(TypedDict):
     text: str
     pts_ms: float
     sample_rate: int
+    restart: NotRequired[bool]
+    """Present (true) when a worker died mid-utterance and another begins it again from chunk 0:
+    drop what was received of the first take."""
 
 
 class End(TypedDict):

@@ -48,7 +48,19 @@ class Settings:
     insecure_dev: bool = False
     """No token required. For local demos only; logged loudly."""
     jwt_secret: str | None = None
+    """HS256 secret for room tokens (at least 32 bytes). Required unless ``insecure_dev``."""
     allowed_origins: tuple[str, ...] = ()
+    """Browser ``Origin`` values allowed to connect (comma-separated in the environment). Empty:
+    any origin. Clients that send no ``Origin`` (servers, Locust) are not browsers and pass."""
+    say_rate: float = 4.0
+    """Per-connection token bucket on ``say``: this many a second..."""
+    say_burst: float = 8.0
+    """...with this many saved up. Past it: ``rate_limited`` with ``retry_after_ms``."""
+    frame_rate: float = 30.0
+    """Per-connection token bucket on every frame received (pings included)."""
+    frame_burst: float = 60.0
+    flood_close_after: int = 100
+    """Frames refused in a row by the frame bucket before the connection is closed (1008)."""
 
     # --- worker -------------------------------------------------------------------------------
     engine: str = "auto"

@@ -74,10 +74,12 @@ class WorkerBus:
 
     # -- room order ----------------------------------------------------------------------------
 
-    async def room_turn(self, room: str) -> tuple[int, float]:
-        """``(next seq allowed to play, room-clock ms where the room's audio ends)``."""
-        nxt, end_ms = await self.redis.hmget(keys.room_state(room), ["next", "end_ms"])
-        return int(nxt or 1), float(end_ms or 0.0)
+    async def room_turn(self, room: str) -> tuple[int, float, int]:
+        """``(next seq allowed to play, room-clock ms where the room's audio ends, last seq whose
+        start was published)``. ``started == next`` means that utterance began once already (its
+        worker died): it must be restarted, not continued."""
+        nxt, end_ms, started = await self.redis.hmget(keys.room_state(room), ["next", "end_ms", "started"])
+        return int(nxt or 1), float(end_ms or 0.0), int(started or 0)
 
     async def output_tail(self, room: str) -> str:
         last: Any = await self.raw.xrevrange(keys.room_output(room), count=1)  # entries may hold audio
@@ -101,10 +103,13 @@ class WorkerBus:
 
     # -- output --------------------------------------------------------------------------------
 
-    async def publish(self, room: str, entries: list[dict[Any, Any]]) -> None:
+    async def publish(self, room: str, entries: list[dict[Any, Any]], *, started: int | None = None) -> None:
+        """Append output entries; ``started``: also record that this seq's start went out."""
         pipe = self.redis.pipeline(transaction=False)
         for fields in entries:
             pipe.xadd(keys.room_output(room), fields, maxlen=self.output_maxlen, approximate=True)
+        if started is not None:
+            pipe.hset(keys.room_state(room), "started", started)
         await pipe.execute()
 
     async def finish(self, room: str, seq: int, end_fields: dict[str, Any], end_ms: float) -> None:

@@ -41,18 +41,19 @@ class PublishResult:
 async def wait_for_turn(bus: WorkerBus, utt: Utterance, clock: RoomClock,
                         timeout_ms: float) -> tuple[str, float]:
     """``("ok", end_ms)`` when it is this utterance's turn (``end_ms``: where the room's audio
-    ends), ``("stale", _)`` when the room already moved past it (it was skipped), or
+    ends), ``("restart", end_ms)`` when it is and a dead worker had already begun publishing it,
+    ``("stale", _)`` when the room already moved past it (it was skipped), or
     ``("timeout", _)`` after which the caller skips the predecessor."""
     room, seq = utt.job.room, utt.job.seq
-    nxt, end_ms = await bus.room_turn(room)  # the common case, a quiet room: one round trip
+    nxt, end_ms, started = await bus.room_turn(room)  # the common case, a quiet room: one round trip
     if nxt == seq:
-        return "ok", end_ms
+        return ("restart" if started == seq else "ok"), end_ms
     deadline = clock.now_ms() + timeout_ms
     tail = await bus.output_tail(room)
     while True:
-        nxt, end_ms = await bus.room_turn(room)
+        nxt, end_ms, started = await bus.room_turn(room)
         if nxt == seq:
-            return "ok", end_ms
+            return ("restart" if started == seq else "ok"), end_ms
         if nxt > seq:
             return "stale", end_ms
         remaining = deadline - clock.now_ms()
@@ -83,7 +84,7 @@ async def publish_utterance(bus: WorkerBus, utt: Utterance, clock: RoomClock, *,
         log.warning("room %s utterance %d waited %.0f ms for its predecessor; skipping past it",
                     job.room, job.seq, order_wait_ms)
         await bus.skip_to(job.room, job.seq)
-        _, end_ms = await bus.room_turn(job.room)
+        _, end_ms, _ = await bus.room_turn(job.room)
 
     # Stamp the start once the first slice exists: stamping earlier would put a slow engine's
     # first slice in the past and force a shift on every utterance.
@@ -97,6 +98,12 @@ async def publish_utterance(bus: WorkerBus, utt: Utterance, clock: RoomClock, *,
     pending: list[dict[str, object]] = [{"kind": "start", "seq": job.seq, "sender": job.sender,
                                          "voice": voice_name, "text": job.text, "pts_ms": f"{next_pts:.3f}",
                                          "rate": ROOM_RATE}]
+    if turn == "restart":
+        # A worker died mid-utterance and we took it over: the clients drop what they got of the
+        # first take when they see chunk 0 again (and this flag), so nothing plays twice.
+        pending[0]["restart"] = 1
+        log.warning("room %s utterance %d restarted from its first slice", job.room, job.seq)
+    mark_started: int | None = job.seq
     item = first
     encoder = OpusEncoder(bitrate=opus_bitrate) if opus_bitrate > 0 and first is not None else None
     while item is not None:
@@ -119,13 +126,13 @@ async def publish_utterance(bus: WorkerBus, utt: Utterance, clock: RoomClock, *,
         # Slices that are already due go out in one round trip; otherwise publish this one now.
         due = next_pts - lead_ms <= clock.now_ms() if paced else len(pending) < UNPACED_BATCH
         if not (utt.slices.has_next() and due):
-            await bus.publish(job.room, pending)
-            pending = []
+            await bus.publish(job.room, pending, started=mark_started)
+            pending, mark_started = [], None
             if first_ms is None:
                 first_ms = clock.now_ms()
         item = await utt.slices.get()
     if pending:  # also the start entry of an utterance that produced no audio at all
-        await bus.publish(job.room, pending)
+        await bus.publish(job.room, pending, started=mark_started)
         first_ms = first_ms if first_ms is not None else clock.now_ms()
     status = "failed" if utt.error else "ok"
     duration = chunk * SLICE_MS

@@ -1,0 +1,71 @@
+"""Signed room tokens (JWT, HS256, PyJWT): who may join which room, and whether they may speak.
+
+Claims: ``room`` (one room id, or ``*`` for every room), ``role`` (``speaker`` or ``listener``),
+``exp`` (required), and optionally ``sub`` (the client id: a sender's ``seq`` dedupe survives
+reconnects). ``voxroom token`` mints one; the gateway verifies it from the ``token`` query
+parameter (browsers cannot set headers on a WebSocket).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+import jwt
+
+from voxroom.errors import VoxroomError
+
+Role = Literal["speaker", "listener"]
+ALGORITHM = "HS256"
+MIN_SECRET_BYTES = 32  # HS256 with a shorter key is guessable; PyJWT warns below this too
+
+
+class TokenError(VoxroomError):
+    """The token is missing, malformed, expired, tampered with, or for another room. The message
+    is the close reason the client sees."""
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    room: str
+    role: Role
+    subject: str | None
+
+    @property
+    def can_speak(self) -> bool:
+        return self.role == "speaker"
+
+
+def mint(secret: str, room: str, role: Role, *, ttl_s: int = 3600, subject: str | None = None,
+         now: float | None = None) -> str:
+    if role not in ("speaker", "listener"):
+        raise ValueError("role must be speaker or listener")
+    issued = int(now if now is not None else time.time())
+    claims: dict[str, object] = {"room": room, "role": role, "iat": issued, "exp": issued + ttl_s}
+    if subject:
+        claims["sub"] = subject
+    return jwt.encode(claims, secret, algorithm=ALGORITHM)
+
+
+def verify(secret: str, token: str | None, room: str) -> Grant:
+    """The grant a token gives for ``room``. Raises :class:`TokenError` with a short reason."""
+    if not token:
+        raise TokenError("token required")
+    try:
+        claims = jwt.decode(token, secret, algorithms=[ALGORITHM], options={"require": ["exp", "room", "role"]})
+    except jwt.ExpiredSignatureError:
+        raise TokenError("token expired") from None
+    except jwt.InvalidSignatureError:
+        raise TokenError("bad token signature") from None
+    except jwt.MissingRequiredClaimError as exc:
+        raise TokenError(f"token lacks the {exc.claim!r} claim") from None
+    except jwt.InvalidTokenError:
+        raise TokenError("malformed token") from None
+    if claims["room"] not in (room, "*"):
+        raise TokenError("token is for another room")
+    role = claims["role"]
+    if role not in ("speaker", "listener"):
+        raise TokenError("token role must be speaker or listener")
+    sub = claims.get("sub")
+    return Grant(room=room, role=role, subject=sub if isinstance(sub, str) else None)
