@@ -66,8 +66,10 @@ export async function startServer({ timeoutMs = 90_000, port = 0 } = {}) {
   };
   const stop = async () => {
     if (child.exitCode === null && child.signalCode === null) {
-      signalGroup('SIGTERM');
-      const timer = setTimeout(() => signalGroup('SIGKILL'), 20_000);
+      // SIGINT, not SIGTERM: `serve` stops its worker and its redis-server (which runs in a session
+      // of its own) on SIGINT; on SIGTERM it currently exits without doing so, leaking both.
+      child.kill('SIGINT');
+      const timer = setTimeout(() => signalGroup('SIGKILL'), 25_000);
       await exited;
       clearTimeout(timer);
     }
