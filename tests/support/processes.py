@@ -84,10 +84,15 @@ def wait_http(url: str, timeout: float = 30.0, proc: Proc | None = None) -> None
     raise TimeoutError(f"{url} did not answer within {timeout} s")
 
 
-def start_gateway(redis_url: str, log_dir: Path, *, port: int | None = None, **env: str) -> tuple[Proc, int]:
+def start_gateway(redis_url: str, log_dir: Path, *, port: int | None = None, insecure: bool = True,
+                  **env: str) -> tuple[Proc, int]:
+    """A gateway process on ``port`` (a free one by default). ``insecure=False`` turns auth on:
+    pass ``VOXROOM_JWT_SECRET`` in ``env``."""
     port = port or free_port()
-    proc = Proc([sys.executable, "-m", "voxroom", "gateway", "--port", str(port), "--insecure-dev"],
-                base_env(redis_url, **env), log_dir / f"gateway-{port}.log")
+    args = [sys.executable, "-m", "voxroom", "gateway", "--port", str(port)]
+    if insecure:
+        args.append("--insecure-dev")
+    proc = Proc(args, base_env(redis_url, **env), log_dir / f"gateway-{port}.log")
     wait_http(f"http://127.0.0.1:{port}/healthz", proc=proc)
     return proc, port
 
