@@ -98,8 +98,8 @@ class Generator:
         mask = mask.to(self.device).long()
         position = (mask.cumsum(-1) - 1).clamp_(min=0)
         cache = DynamicCache(config=self.llama.config)
-        out = self.llama(inputs_embeds=emb.to(dtype), attention_mask=mask, position_ids=position,
-                         cache=cache, use_cache=True)
+        out = self.llama(inputs_embeds=emb.to(dtype), attention_mask=_mask_or_none(mask),
+                         position_ids=position, cache=cache, use_cache=True)
         hidden = out.last_hidden_state[:, -1].float()
         last_pos = position[:, -1]
         codes = torch.zeros(batch, self.num_vq, 0, dtype=torch.long, device=self.device)
@@ -148,7 +148,7 @@ class Generator:
             nxt = torch.stack([self.emb_code[q](idx[:, q]) for q in range(self.num_vq)], 2).sum(2)
             mask = torch.cat([mask, mask.new_ones(mask.size(0), 1)], dim=1)
             last_pos = last_pos + 1
-            out = self.llama(inputs_embeds=nxt.unsqueeze(1).to(dtype), attention_mask=mask,
+            out = self.llama(inputs_embeds=nxt.unsqueeze(1).to(dtype), attention_mask=_mask_or_none(mask),
                              position_ids=last_pos.unsqueeze(1), cache=cache, use_cache=True)
             hidden = out.last_hidden_state[:, -1].float()
         for r in active.tolist():
@@ -175,6 +175,12 @@ class Generator:
             probs = F.softmax(logits, dim=-1)
             idx = torch.multinomial(probs, 1, generator=self.rng).squeeze(1)
         return idx.view(b, self.num_vq)
+
+
+def _mask_or_none(mask: torch.Tensor) -> torch.Tensor | None:
+    """No padding in the batch (always so for one row): no mask, so attention takes its plain causal
+    path instead of building a 4-D mask every step."""
+    return None if bool(mask.all()) else mask
 
 
 def _has_float_params(module: torch.nn.Module) -> bool:
