@@ -1,6 +1,7 @@
-// Reconnect in real headless Chromium: the server is stopped under a joined page (it closes its
-// sockets with 1012) and started again on the same port; the page must come back by itself, ask
-// to resume from the last slice it played, and play a new line.
+// VoxroomClient against a real server in real headless Chromium: refusals reach say()'s promise
+// with the server's code; a bad room is refused for good; and after a server restart (it closes
+// its sockets with 1012) the page comes back by itself, asks to resume from the last slice it
+// played, and plays a new line.
 //
 //   npm run test:browser        (VOXROOM_SKIP_BROWSER=1 skips it on purpose; anything missing fails)
 import { after, before, test } from 'node:test';
@@ -92,5 +93,43 @@ test('after a server restart the page reconnects, sends resume, and plays again'
   assert.ok(second.tap?.heard && second.tap.peak > 0.1, JSON.stringify(second.tap));
   const seqs = (await page.evaluate(() => /** @type {any} */ (window).sent)).filter((m) => m.type === 'say').map((m) => m.seq);
   assert.ok(seqs[1] > seqs[0], `say seq strictly increases: ${seqs}`);
+  await page.close();
+});
+
+test('say() rejects with the server\'s error code; a bad room id is refused without retrying', { skip, timeout: 120_000 }, async () => {
+  const page = await browser.context.newPage();
+  await page.goto(`${server.base}/client/demo/index.html`);
+  const result = await page.evaluate(async () => {
+    const { VoxroomClient } = await import('/client/voxroom.js');
+    const catalog = await VoxroomClient.voices();
+    const client = new VoxroomClient({ room: 'api' });
+    const welcome = await client.connect();
+    const outcome = async (/** @type {Promise<any>} */ p) => p.then((v) => ({ ok: v }), (e) => ({ code: e.code, seq: e.seq }));
+    const tooLong = await outcome(client.say('x'.repeat(501)));
+    const empty = await outcome(client.say('   '));
+    const badVoice = await outcome(client.say('hi', { voice: 'no-such-voice' }));
+    const good = await outcome(client.say('Fine.', { voice: catalog.default }));
+    await client.close();
+    const stateAfterClose = client.state;
+    const bad = new VoxroomClient({ room: 'no spaces allowed' });
+    const states = [];
+    bad.addEventListener('state', (/** @type {any} */ e) => states.push([e.detail.state, e.detail.code]));
+    const refused = await bad.connect().then(() => null, (e) => ({ code: e.code, closeCode: e.closeCode }));
+    await new Promise((r) => setTimeout(r, 1500)); // would it retry?
+    await bad.close();
+    return { voices: catalog.voices.map((v) => v.id), catalogDefault: catalog.default, welcome, tooLong, empty, badVoice, good,
+      stateAfterClose, refused, states };
+  });
+  assert.ok(result.voices.includes(result.catalogDefault), JSON.stringify(result));
+  assert.equal(result.welcome.type, 'welcome');
+  assert.equal(result.welcome.room, 'api');
+  assert.equal(result.tooLong.code, 'text_too_long');
+  assert.equal(result.empty.code, 'empty_text');
+  assert.equal(result.badVoice.code, 'unknown_voice');
+  assert.ok(result.tooLong.seq < result.empty.seq && result.empty.seq < result.badVoice.seq, 'the error names the seq');
+  assert.ok(result.good.ok && Number.isInteger(result.good.ok.utterance), JSON.stringify(result.good));
+  assert.equal(result.stateAfterClose, 'closed');
+  assert.deepEqual(result.refused, { code: 'closed', closeCode: 1008 });
+  assert.deepEqual(result.states, [['connecting', undefined], ['closed', 1008]], 'refused for good: no reconnect');
   await page.close();
 });
