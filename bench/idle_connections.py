@@ -27,10 +27,26 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from _wsclient import Listener, connect, percentiles, raise_nofile  # noqa: E402
 
-from tests.support.processes import start_gateway  # noqa: E402
-from voxroom.redis_server import RedisServer  # noqa: E402
+from tests.support.processes import Proc, base_env, start_gateway, wait_http  # noqa: E402
+from voxroom.redis_server import RedisServer, free_port  # noqa: E402
 
 BASELINE = 200
+# `voxroom gateway` as the CLI configures it, but with another uvicorn WebSocket implementation:
+# to compare their memory per connection without changing the CLI.
+LAUNCH = """
+import sys, uvicorn
+from app.main import create_app
+from voxroom.settings import Settings
+uvicorn.run(create_app(Settings.from_env()), host="127.0.0.1", port=int(sys.argv[1]), ws=sys.argv[2],
+            log_level="warning", ws_max_size=64 * 1024, ws_ping_interval=20.0, ws_ping_timeout=20.0, lifespan="on")
+"""
+
+
+def start_gateway_ws(redis_url: str, log_dir: Path, ws: str, **env: str) -> tuple[Proc, int]:
+    port = free_port()
+    proc = Proc([sys.executable, "-c", LAUNCH, str(port), ws], base_env(redis_url, **env), log_dir / "gateway.log")
+    wait_http(f"http://127.0.0.1:{port}/healthz", proc=proc)
+    return proc, port
 PER_ROOM = 12
 
 
@@ -64,8 +80,11 @@ async def open_many(port: int, start: int, count: int, concurrency: int, out: li
 async def run(args: argparse.Namespace) -> None:
     limit = raise_nofile(args.connections * 2 + 1000)  # the gateway child inherits it
     with tempfile.TemporaryDirectory(prefix="vx-bench-") as tmp, RedisServer() as redis:
-        gateway, port = start_gateway(redis.url, Path(tmp), VOXROOM_LOG_LEVEL="WARNING",
-                                      VOXROOM_MAX_CONNECTIONS=str(args.connections + 1000))
+        env = {"VOXROOM_LOG_LEVEL": "WARNING", "VOXROOM_MAX_CONNECTIONS": str(args.connections + 1000)}
+        if args.ws == "cli":
+            gateway, port = start_gateway(redis.url, Path(tmp), **env)
+        else:
+            gateway, port = start_gateway_ws(redis.url, Path(tmp), args.ws, **env)
         try:
             gw = psutil.Process(gateway.pid)
             listeners: list[Listener] = []
@@ -87,7 +106,7 @@ async def run(args: argparse.Namespace) -> None:
             rss2 = gw.memory_info().rss
             per_conn = (max(rss1, rss2) - rss0) / max(1, len(listeners) - BASELINE)
             p50, p95, p99 = percentiles(times)
-            print(f"\nidle connections on one gateway process (open-file limit {limit}, "
+            print(f"\nidle connections on one gateway process (uvicorn ws: {args.ws}, open-file limit {limit}, "
                   f"{args.concurrency} connects in flight, rooms of {PER_ROOM}, hold {args.hold:.0f} s)\n")
             print("| connections | failed | held after hold | closed by server | connect p50 ms | p95 ms | p99 ms "
                   "| connects/s | gateway CPU s / 1k connects | RSS MiB | KB per connection |")
@@ -96,7 +115,7 @@ async def run(args: argparse.Namespace) -> None:
                   f"| {(len(listeners) - BASELINE) / elapsed:.0f} | {cpu_connect / max(1, len(times)) * 1000:.2f} "
                   f"| {max(rss1, rss2) / 2**20:.0f} | {per_conn / 1024:.1f} |")
             print(f"\ncommand: .venv/bin/python bench/idle_connections.py --connections {args.connections} "
-                  f"--hold {args.hold:.0f}")
+                  f"--hold {args.hold:.0f} --ws {args.ws}")
             for c in listeners:
                 c.close()
             await asyncio.sleep(0.5)
@@ -109,6 +128,8 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=10_000)
     parser.add_argument("--concurrency", type=int, default=200, help="connects in flight at once")
     parser.add_argument("--hold", type=float, default=30.0, help="seconds to hold them all open (> ping interval)")
+    parser.add_argument("--ws", default="cli", choices=["cli", "websockets", "websockets-sansio", "wsproto"],
+                        help="cli: `voxroom gateway` as shipped (uvicorn auto = websockets); else that implementation")
     asyncio.run(run(parser.parse_args()))
 
 
