@@ -145,18 +145,18 @@ export class Playhead {
     const m = this.mapping;
     if (!m) return null;
     const target = m.a + m.b * localS;
-    const off = this.posUs === null ? Infinity : Math.abs(target - this.posUs);
-    if (off > this.snapUs || (silent && off > this.deadbandUs)) {
-      if (this.posUs !== null && !silent) this.resyncs++;
-      this.posUs = target;
+    let pos = this.posUs;
+    const off = pos === null ? Infinity : Math.abs(target - pos);
+    if (pos === null || off > this.snapUs || (silent && off > this.deadbandUs)) {
+      if (pos !== null && !silent) this.resyncs++;
+      pos = target;
     }
-    const err = target - this.posUs; // µs
+    const err = target - pos; // µs
     const corr = Math.abs(err) < this.deadbandUs
       ? 0
       : Math.max(-this.maxSlew, Math.min(this.maxSlew, err / (this.tauS * 1e6)));
     const stepUs = (m.b / rate) * (1 + corr);
-    const startUs = this.posUs;
-    this.posUs += frames * stepUs;
-    return { startUs, stepUs };
+    this.posUs = pos + frames * stepUs;
+    return { startUs: pos, stepUs };
   }
 }

@@ -135,7 +135,7 @@ export class JitterBuffer {
   markEnd(seq, chunks) {
     if (this.utterance?.seq === seq && this.utterance.next >= chunks) this.utterance.ended = true;
     this.endChunks.set(seq, chunks);
-    if (this.endChunks.size > 64) this.endChunks.delete(this.endChunks.keys().next().value);
+    if (this.endChunks.size > 64) this.endChunks.delete(/** @type {number} */ (this.endChunks.keys().next().value));
   }
 
   /**

@@ -8,6 +8,7 @@
 import { CloseCode } from './protocol.js';
 
 /** Close codes after which reconnecting cannot help. */
+/** @type {Set<number>} */
 const FATAL = new Set([CloseCode.NORMAL, CloseCode.UNSUPPORTED_DATA, CloseCode.POLICY_VIOLATION]);
 
 export class ReconnectPolicy {

@@ -23,7 +23,7 @@ class PlayerProcessor extends AudioWorkletProcessor {
     this.jb = new JitterBuffer(this.config);
     this.head = new Playhead();
     this.nextStatsAt = 0;
-    this.port.onmessage = (e) => this.onMessage(e.data);
+    this.port.onmessage = (/** @type {MessageEvent} */ e) => this.onMessage(e.data);
   }
 
   /** @param {any} m */
