@@ -70,8 +70,9 @@ class RoomClient:
         except websockets.ConnectionClosed:
             pass
         finally:
-            rcvd = self.ws.close_rcvd
-            self.closed = (rcvd.code, rcvd.reason) if rcvd else (None, None)
+            # websockets' new asyncio API: the close frame the server sent (None when the TCP
+            # connection just died, as with a killed gateway: then code is 1006).
+            self.closed = (self.ws.close_code, self.ws.close_reason)
             self._changed.set()
 
     async def send_json(self, obj: dict[str, Any]) -> None:
