@@ -74,8 +74,15 @@ export class Player {
       out = this.tapNode;
     }
     out.connect(o.destination ?? ctx.destination);
-    if (ctx.state !== 'running') await ctx.resume().catch(() => {});
+    // Not awaited: without a user gesture Chrome keeps the promise pending until one comes, and
+    // joining the room must not wait for that. Until then nothing renders (see unlock()).
+    if (ctx.state !== 'running') ctx.resume().catch(() => {});
     this.timer = setInterval(() => this.remap(), REMAP_EVERY_MS);
+  }
+
+  /** Start a context the browser held back for want of a user gesture: call from a click. */
+  async unlock() {
+    if (this.context && this.context.state !== 'running') await this.context.resume();
   }
 
   /**

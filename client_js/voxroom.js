@@ -54,6 +54,7 @@ const STATS_EVERY_MS = 250;
  * @property {number | null} ttfaMs  time to first audio of this client's last line
  * @property {number} sampleRate  the AudioContext's
  * @property {'pcm16' | 'opus'} codec  what the server sends
+ * @property {AudioContextState | 'none'} audio  'suspended' until a user gesture (see unlockAudio)
  */
 
 export class VoxroomClient extends EventTarget {
@@ -156,6 +157,14 @@ export class VoxroomClient extends EventTarget {
     });
   }
 
+  /**
+   * Start audio the browser held back (stats.audio === 'suspended'): call from a click or key
+   * press. connect() from a gesture makes this unnecessary.
+   */
+  unlockAudio() {
+    return this.player.unlock();
+  }
+
   /** Leave the room for good (no reconnect) and release the audio. */
   async close() {
     this.#closing = true;
@@ -176,7 +185,8 @@ export class VoxroomClient extends EventTarget {
     return { state: this.state, depth: s.depth ?? 0, bufferedMs: s.bufferedMs ?? 0, underruns: s.underruns ?? 0,
       lateDrops: s.lateDrops ?? 0, concealed: s.concealed ?? 0, played: s.played ?? 0, restarts: s.restarts ?? 0,
       resyncs: this.player.report.resyncs, rttMs: this.clock.rttMs, driftPpm: this.clock.drift * 1e6, ttfaMs: this.ttfaMs,
-      sampleRate: this.player.context?.sampleRate ?? 0, codec: this.codec };
+      sampleRate: this.player.context?.sampleRate ?? 0, codec: this.codec,
+      audio: /** @type {AudioContextState | 'none'} */ (this.player.context?.state ?? 'none') };
   }
 
   /** The room clock now, ms since the Unix epoch as the server keeps it. */

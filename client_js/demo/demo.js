@@ -18,6 +18,13 @@ const STATE_TEXT = { idle: 'not connected', connecting: 'connecting…', open: '
 
 loadVoices();
 
+// A browser that held audio back (no gesture yet) starts it on the next interaction with the page.
+const unlock = () => {
+  if (client?.stats.audio === 'suspended') client.unlockAudio().catch(() => {});
+};
+document.addEventListener('pointerdown', unlock);
+document.addEventListener('keydown', unlock);
+
 $('join-form').addEventListener('submit', async (/** @type {Event} */ e) => {
   e.preventDefault();
   if (client) {
@@ -85,6 +92,7 @@ function wire(c) {
     if (e.detail.seq === undefined) showError(`${e.detail.code}: ${e.detail.message}`);
   });
   c.addEventListener('stats', (/** @type {any} */ e) => showStats(e.detail));
+
   requestAnimationFrame(function meter() {
     if (client !== c) return;
     const peaks = c.player.tap.peaks;
@@ -154,7 +162,7 @@ function showStats(s) {
   $('s-late').textContent = String(s.lateDrops);
   $('s-concealed').textContent = String(s.concealed);
   $('s-underruns').parentElement.parentElement.classList.toggle('bad', s.underruns > 0);
-  $('s-rate').textContent = s.sampleRate ? `${s.sampleRate / 1000} kHz` : '–';
+  $('s-rate').textContent = s.audio === 'suspended' ? 'click to hear' : s.sampleRate ? `${s.sampleRate / 1000} kHz` : '–';
   $('s-rtt').textContent = `${s.codec}${Number.isFinite(s.rttMs) ? ` · rtt ${s.rttMs.toFixed(1)} ms` : ''}`;
 }
 
