@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from tests.ops.conftest import OpsStack
-from tests.support.processes import ROOT
+from tests.support.processes import ROOT, start_gateway
+from voxroom.tokens import mint
 
 LOCUSTFILE = ROOT / "locustfiles" / "voxroom_swarm.py"
 
@@ -36,3 +37,21 @@ def test_short_swarm_has_no_failure_and_hears_audio(ops_stack: OpsStack, tmp_pat
     assert int(stats["say->first audio"]["Request Count"]) >= 6, report
     assert int(stats["say->listener first frame"]["Request Count"]) >= 6 * 11, report
     assert int(stats["slice gap max"]["Request Count"]) >= 6 * 11, report
+
+
+def test_swarm_with_a_room_token_on_an_auth_gateway(ops_stack: OpsStack, tmp_path: Path) -> None:
+    secret = "ops-test-secret-" + "x" * 32
+    gateway, port = start_gateway(ops_stack.redis_url, tmp_path, insecure=False, VOXROOM_JWT_SECRET=secret)
+    try:
+        # No subject: each user names itself with ?client=, so senders stay distinct.
+        token = mint(secret, "*", "speaker", ttl_s=300)
+        proc, stats = run_swarm(port, tmp_path / "auth", users=12, seconds=6, extra=("--vx-token", token))
+        report = f"locust exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        assert proc.returncode == 0 and int(stats["Aggregated"]["Failure Count"]) == 0, report
+        assert int(stats["say->first audio"]["Request Count"]) >= 1, report
+        # A wrong token is refused at connect, and Locust reports it as failed connects.
+        bad = mint("another-secret-" + "y" * 32, "*", "speaker")
+        proc, stats = run_swarm(port, tmp_path / "bad", users=2, seconds=2, extra=("--vx-token", bad))
+        assert proc.returncode != 0 and int(stats["connect"]["Failure Count"]) == 2, proc.stdout[-3000:]
+    finally:
+        gateway.stop()
