@@ -11,6 +11,7 @@ in binary frames instead. Audio goes from server to client only, as binary frame
 from __future__ import annotations
 
 import json
+import math
 import re
 import struct
 from collections.abc import Mapping
@@ -29,9 +30,10 @@ MAX_TEXT_CHARS: Final = 500
 MAX_FRAME_BYTES: Final = 8 * 1024
 MAX_VOICE_CHARS: Final = 64
 MAX_SEQ: Final = 2**53 - 1  # JSON-safe integer range: JavaScript clients must round-trip it.
-ROOM_ID_RE: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-VOICE_RE: Final = re.compile(r"^[A-Za-z0-9_.:+-]{1,64}$")
-SCENE_KEY_RE: Final = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+# \Z, not $: a bare $ also matches before a trailing newline ("room\n" would pass).
+ROOM_ID_RE: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
+VOICE_RE: Final = re.compile(r"^[A-Za-z0-9_.:+-]{1,64}\Z")
+SCENE_KEY_RE: Final = re.compile(r"^[a-z][a-z0-9_]{0,31}\Z")
 MAX_SCENE_TAGS: Final = 16
 MAX_SCENE_VALUE_CHARS: Final = 64
 
@@ -190,7 +192,16 @@ def parse_client_message(obj: dict[str, Any]) -> ClientMessage:
         t = obj.get("t")
         if t is not None and (isinstance(t, bool) or not isinstance(t, int | float)):
             raise ProtocolError(ErrorCode.BAD_MESSAGE, "'t' must be a number")
-        return Ping(t=float(t) if t is not None else None)
+        # t is echoed in the pong: a huge int would raise OverflowError here, and NaN or Infinity
+        # would make the pong invalid JSON for browsers.
+        if t is not None:
+            try:
+                t = float(t)
+            except OverflowError:
+                t = math.inf
+            if not math.isfinite(t):
+                raise ProtocolError(ErrorCode.BAD_MESSAGE, "'t' must be a finite number")
+        return Ping(t=t)
     if kind == "resume":
         return Resume(seq=_int_field(obj, "seq"), chunk=_int_field(obj, "chunk"))
     if not isinstance(kind, str):
