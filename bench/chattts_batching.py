@@ -21,7 +21,7 @@ def main() -> None:
     ap.add_argument("--size", default="full", choices=["full", "tiny"])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--seconds", type=float, default=2.0)
-    ap.add_argument("--modes", nargs="+", default=["fp32", "int8"], choices=["fp32", "int8"])
+    ap.add_argument("--modes", nargs="+", default=["fp32", "int8"], choices=["fp32", "bf16", "int8"])
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=0)
@@ -34,7 +34,7 @@ def main() -> None:
     steps = round(args.seconds * common.STEPS_PER_SECOND)
     rows = []
     for mode in args.modes:
-        e = common.engine(args.size, args.device, int8=mode == "int8", steps=steps)
+        e = common.engine(args.size, args.device, int8=mode == "int8", steps=steps, bf16=mode == "bf16")
         common.run_batch(e, 1)  # warm-up
         base = None
         for b in args.batches:

@@ -71,7 +71,9 @@ def main() -> None:
     ap.add_argument("--size", default="full", choices=["full", "tiny"])
     ap.add_argument("--seconds", type=float, nargs="+", default=[3.0, 12.0])
     ap.add_argument("--reps", type=int, default=1)
-    ap.add_argument("--int8", action="store_true")
+    ap.add_argument("--int8", action="store_true", help="int8 GPT for both ours and upstream")
+    ap.add_argument("--ours-bf16", action="store_true",
+                    help="ours with a bf16 GPT (a second engine); upstream stays fp32")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--rebuild", action="store_true")
@@ -82,16 +84,17 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     e = common.engine(args.size, args.device, args.int8, args.rebuild)
+    mine = common.engine(args.size, args.device, bf16=True) if args.ours_bf16 else e
     text = common.TEXTS[0]
-    ours(e, text)  # warm-up (numba compiles the normalizer once, allocator warms)
+    ours(mine, text)  # warm-up (numba compiles the normalizer once, allocator warms)
     rows = []
     for seconds in args.seconds:
         steps = round(seconds * common.STEPS_PER_SECOND)
-        e.sampling = type(e.sampling)(min_new_tokens=steps, max_new_tokens=steps)
+        mine.sampling = e.sampling = type(e.sampling)(min_new_tokens=steps, max_new_tokens=steps)
         o: list[Timing] = []
         u: list[Timing] = []
         for _ in range(args.reps):  # interleaved, so that a noisy neighbour hits both alike
-            o.append(ours(e, text))
+            o.append(ours(mine, text))
             u.append(upstream(e, text, steps))
         med = [[statistics.median(x[k] for x in runs) for k in range(4)] for runs in (o, u)]
         (ofw, ofc, otw, otc), (ufw, ufc, utw, utc) = med
@@ -100,7 +103,8 @@ def main() -> None:
                      f"{ofc:.2f} / {ufc:.2f}", f"{ofc / ufc:.2f}", f"{otw:.1f} / {utw:.1f}", f"{otw / utw:.2f}",
                      f"{otc:.1f} / {utc:.1f}", f"{otc / utc:.2f}", f"{otw / audio:.2f}"])
         print(f"# {seconds:g} s done: {rows[-1]}", flush=True)
-    print(f"\nsize={args.size} device={args.device} int8={args.int8} threads={torch.get_num_threads()} "
+    print(f"\nsize={args.size} device={args.device} int8={args.int8} ours_bf16={args.ours_bf16} "
+          f"threads={torch.get_num_threads()} "
           f"reps={args.reps} (median), ours / upstream\n")
     print(common.table(["utterance", "TTFC wall s", "ratio", "TTFC CPU s", "ratio", "total wall s", "ratio",
                         "total CPU s", "ratio", "RTF ours (wall)"], rows))
