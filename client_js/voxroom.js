@@ -175,6 +175,8 @@ export class VoxroomClient extends EventTarget {
     this.#setState('closed');
     for (const p of this.#pending.values()) p.reject(Object.assign(new Error('client closed'), { code: 'closed' }));
     this.#pending.clear();
+    this.#firstWelcome?.reject(Object.assign(new Error('client closed before the welcome'), { code: 'closed' }));
+    this.#firstWelcome = null;
     this.opus?.close();
     await this.player.close();
   }
