@@ -11,6 +11,8 @@ import asyncio
 import logging
 import time
 
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from app.admission import Refused, admit
@@ -46,7 +48,7 @@ async def room_endpoint(websocket: WebSocket) -> None:
             "type": "welcome", "protocol": protocol.PROTOCOL_VERSION, "room": room, "client": client_id,
             "sample_rate": protocol.ROOM_RATE, "slice_ms": protocol.SLICE_MS, "voice": state.catalog.default,
             "server_ms": time.time() * 1000.0, "codec": protocol.CODEC_NAMES[decision.codec],
-            "role": decision.grant.role}))
+            "role": decision.grant.role, "lead_ms": state.settings.lead_ms}))
         await _receive_loop(websocket, conn, state, writer, decision.grant)
     finally:
         conn.close()
@@ -136,7 +138,14 @@ async def _handle(msg: protocol.ClientMessage, conn: ClientConnection, state: Ga
     if not state.directory.serves(voice.id):
         raise ProtocolError(ErrorCode.UNKNOWN_VOICE,
                             f"voice {voice.id!r} needs engine {voice.engine!r}, which no worker runs", seq=msg.seq)
-    outcome = await state.ingress.say(conn.room, conn.client_id, msg.seq, msg.text, voice.id)
+    try:
+        outcome = await state.ingress.say(conn.room, conn.client_id, msg.seq, msg.text, voice.id)
+    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        # Redis is restarting or unreachable: nothing was written, the client may resend the same
+        # seq (dedupe makes that safe) once it is back.
+        log.warning("say in room %s not stored, redis unavailable: %s", conn.room, exc)
+        raise ProtocolError(ErrorCode.UNAVAILABLE, "storage unavailable; resend later", seq=msg.seq,
+                            retry_after_ms=1000) from None
     if outcome.status == "accepted":
         metrics.FIRST_AUDIO.accepted(conn.room, outcome.utterance)
         conn.send_text(protocol.encode_server_message(

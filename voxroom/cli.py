@@ -59,6 +59,10 @@ def _run_gateway(settings: Settings) -> None:
                             lifespan="on",
                             # JSON logs: uvicorn's loggers propagate to the root handler instead.
                             log_config=None if settings.log_format == "json" else uvicorn.config.LOGGING_CONFIG)
+    # uvicorn shuts down gracefully on SIGINT/SIGTERM, then restores the previous handlers and
+    # raises the signal again. A stop that was asked for is a clean exit: let the re-raised
+    # SIGTERM land on a handler that does nothing (SIGINT becomes KeyboardInterrupt, caught below).
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
     try:
         uvicorn.Server(config).run()
     except KeyboardInterrupt:

@@ -62,6 +62,7 @@ class ErrorCode:
     RATE_LIMITED: Final = "rate_limited"
     FORBIDDEN: Final = "forbidden"  # e.g. a listener token tried to speak
     SYNTHESIS_FAILED: Final = "synthesis_failed"
+    UNAVAILABLE: Final = "unavailable"  # Redis unreachable for a moment: retry after ``retry_after_ms``
     INTERNAL: Final = "internal"
 
 
@@ -252,6 +253,8 @@ class Welcome(TypedDict):
     their own codec in their header)."""
     role: Literal["speaker", "listener"]
     """What the token allows (``speaker`` when auth is off)."""
+    lead_ms: int
+    """How far ahead of its presentation time audio is published (the client's buffer target)."""
 
 
 class Accepted(TypedDict):

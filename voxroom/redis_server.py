@@ -43,12 +43,15 @@ class RedisServer:
     ``data_dir`` (used by the restart tests); the default keeps everything in memory only."""
 
     def __init__(self, *, port: int | None = None, data_dir: str | None = None, persist: bool = False,
-                 executable: str | None = None) -> None:
+                 fsync: str = "everysec", executable: str | None = None) -> None:
         self.port = port or free_port()
         self.executable = executable or find_redis_server()
         self._tmp = None if data_dir else tempfile.TemporaryDirectory(prefix="voxroom-redis-")
         self.data_dir = data_dir or (self._tmp.name if self._tmp else ".")
         self.persist = persist
+        self.fsync = fsync
+        """``always`` makes every acknowledged write survive a crash (tests); ``everysec`` may lose
+        the last second (Redis's default, and voxroom's compose file)."""
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -60,7 +63,7 @@ class RedisServer:
                 "--save", "", "--appendonly", "yes" if self.persist else "no", "--protected-mode", "no",
                 "--maxclients", "20000"]
         if self.persist:
-            args += ["--appendfsync", "everysec"]
+            args += ["--appendfsync", self.fsync]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                         start_new_session=True)
         deadline = time.monotonic() + timeout

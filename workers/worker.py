@@ -22,6 +22,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from voxroom import keys
@@ -143,6 +144,13 @@ class Worker:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
+            except ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    raise
+                # Redis came back without our consumer group (it keeps no data): make it again.
+                log.warning("worker %s: consumer group gone (redis restarted empty); recreating", self.id)
+                await self.bus.ensure_group()
+                continue
             for job in jobs:
                 self._accept(job)
 
@@ -169,11 +177,12 @@ class Worker:
     async def _publish(self, utt: Utterance, ctx: Context | None) -> None:
         job = utt.job
         try:
+            # Private API rooms (POST /v1/audio/speech): nobody plays them in real time, and the
+            # gateway encodes the response itself, so neither pacing nor an Opus copy.
+            private = job.room.startswith(keys.PRIVATE_ROOM_PREFIX)
             result = await publish_utterance(self.bus, utt, self.clock, lead_ms=self.lead_ms,
                                              order_wait_ms=self.order_wait_ms, voice_name=job.voice,
-                                             opus_bitrate=self.opus_bitrate,
-                                             # Private API rooms (POST /v1/audio/speech): nobody plays them.
-                                             paced=not job.room.startswith(keys.PRIVATE_ROOM_PREFIX))
+                                             opus_bitrate=0 if private else self.opus_bitrate, paced=not private)
             await self.bus.ack(job.entry_id)
             self.published += 1
             ttfa = (result.first_slice_ms - job.time_ms) if result.first_slice_ms else float("nan")

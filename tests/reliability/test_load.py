@@ -1,0 +1,82 @@
+"""Back-pressure and slow listeners, with real clients over real sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import signal
+import socket
+from pathlib import Path
+
+import psutil
+
+from tests.conftest import Stack
+from tests.support.processes import start_gateway, start_worker
+from tests.support.room_client import RoomClient
+from voxroom.redis_server import RedisServer
+
+LONG_LINE = ("The village gathers at dawn. Somebody among you is not who they claim to be, and before the sun "
+             "sets again you will have to decide, together, who that somebody is.")
+
+
+def raw_listener(port: int, room: str) -> socket.socket:
+    """A WebSocket client that completes the handshake and then never reads a byte."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the kernel buffers little for it
+    key = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall((f"GET /rooms/{room}/ws HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+                  f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += sock.recv(1)  # exactly the handshake reply, nothing more
+    assert head.startswith(b"HTTP/1.1 101"), head[:80]
+    return sock
+
+
+async def test_a_listener_that_stops_reading_never_stalls_its_room(stack: Stack, room: str) -> None:
+    gateway = psutil.Process(stack.gateway.pid)
+    rss_before = gateway.memory_info().rss
+    stalled = [raw_listener(stack.port, room) for _ in range(3)]
+    try:
+        async with RoomClient(stack.port, room) as healthy:
+            await healthy.say(LONG_LINE, voice="en-joe")
+            await healthy.say("And a second line right behind it.", voice="en-espeak")
+            ends = await healthy.wait_ends(2, timeout=60)
+        for end in ends:
+            chunks = [f.chunk for f in healthy.got.frames_of(end["utterance"])]
+            assert chunks == list(range(end["chunks"])), "the healthy listener lost nothing"
+        # Slices kept arriving at the pace they play: no stall while the others' buffers filled.
+        times = healthy.got.frame_times
+        gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+        assert max(gaps) < 400, f"a {max(gaps):.0f} ms stall in the room"
+        grown_mb = (gateway.memory_info().rss - rss_before) / 2**20
+        assert grown_mb < 40, f"gateway grew {grown_mb:.1f} MB holding audio for stalled clients"
+    finally:
+        for sock in stalled:
+            sock.close()
+
+
+async def test_a_full_room_answers_busy_with_retry_after(redis_server: RedisServer, tmp_path: Path) -> None:
+    worker = start_worker(redis_server.url, tmp_path)
+    gateway, port = start_gateway(redis_server.url, tmp_path, VOXROOM_MAX_PENDING_PER_ROOM="3")
+    try:
+        async with RoomClient(port, "crowded") as client:
+            os.kill(worker.pid, signal.SIGSTOP)  # nothing plays, so the backlog only grows
+            try:
+                for n in range(1, 5):
+                    await client.say(f"Line number {n}.", voice="en-espeak")
+                await client.wait_for(lambda g: len(g.of("accepted")) + len(g.of("error")) >= 4, 10)
+            finally:
+                os.kill(worker.pid, signal.SIGCONT)
+            assert [m["seq"] for m in client.got.of("accepted")] == [1, 2, 3]
+            (busy,) = client.got.of("error")
+            assert busy["code"] == "busy" and busy["seq"] == 4 and busy["retry_after_ms"] > 0
+            await client.wait_ends(3, timeout=30)
+            await asyncio.sleep(busy["retry_after_ms"] / 1000)
+            await client.say("Line number 4.", voice="en-espeak", seq=4)  # the same seq, resent later
+            ends = await client.wait_ends(4, timeout=30)
+            assert [e["utterance"] for e in ends] == [1, 2, 3, 4]
+    finally:
+        gateway.stop()
+        worker.stop()
