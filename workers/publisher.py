@@ -124,7 +124,8 @@ async def publish_utterance(bus: WorkerBus, utt: Utterance, clock: RoomClock, *,
         chunk += 1
         next_pts += SLICE_MS
         # Slices that are already due go out in one round trip; otherwise publish this one now.
-        due = next_pts - lead_ms <= clock.now_ms() if paced else len(pending) < UNPACED_BATCH
+        # Unpaced, the first slice still goes out alone: it is what the caller waits for.
+        due = next_pts - lead_ms <= clock.now_ms() if paced else 1 < chunk and len(pending) < UNPACED_BATCH
         if not (utt.slices.has_next() and due):
             await bus.publish(job.room, pending, started=mark_started)
             pending, mark_started = [], None
