@@ -73,7 +73,7 @@ class Settings:
     """Utterances one context may hold between start of synthesis and end of publishing. Publishing
     takes real time (an utterance plays for seconds) while synthesis is much faster, so this is a
     bound on buffered audio (memory), not on synthesis: at most this many rooms play from one context."""
-    claim_idle_ms: int = 15_000
+    claim_idle_ms: int = 5_000
     """An utterance pending this long on a dead consumer is claimed by another worker."""
     order_wait_ms: int = 30_000
     """How long an utterance waits for its predecessor in the room before skipping past it."""

@@ -43,7 +43,7 @@ HEARTBEAT_TTL_S = 10
 
 class Worker:
     def __init__(self, redis: Redis, pool: ContextPool, catalog: Catalog, *, worker_id: str | None = None,
-                 lead_ms: float = 120.0, order_wait_ms: float = 30_000.0, claim_idle_ms: int = 15_000,
+                 lead_ms: float = 120.0, order_wait_ms: float = 30_000.0, claim_idle_ms: int = 5_000,
                  output_maxlen: int = 3000, shutdown_timeout_s: float = 10.0,
                  clock: RoomClock | None = None, opus_bitrate: int = 0, cache_slots: int = 0,
                  cache_entry_max_bytes: int = 480_000, cache_ttl_s: int = 86_400,
