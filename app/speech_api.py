@@ -9,6 +9,10 @@ encoded to ``response_format``, with chunked transfer. Workers publish private r
 When it ends the room's keys are deleted; when the caller goes away first, they are set to expire
 instead (the worker may still be publishing into them) and the room is dropped from ``vx:rooms``.
 
+Auth (unless ``--insecure-dev``): ``Authorization: Bearer <token>``, where OpenAI clients put
+their API key, holding a room token (voxroom/tokens.py) with role ``speaker`` for the room
+``_api`` or ``*``: mint one with ``voxroom token``. Missing or bad: 401; a listener: 403.
+
 Load shedding: at most ``speech_max_streams`` responses at once per gateway; past it, 503 with
 ``Retry-After``. Errors have OpenAI's shape (``{"error": {"message", "type", "code"}}``).
 """
@@ -33,7 +37,7 @@ from starlette.routing import Route
 from app.speech_formats import CONTENT_TYPES, Encoder, available_formats, make_encoder
 from app.state import GatewayState
 from app.voices_api import api_error, read_json, served
-from voxroom import keys
+from voxroom import keys, tokens
 from voxroom.errors import UnknownVoice
 from voxroom.protocol import MAX_TEXT_CHARS, AudioFrame, ProtocolError, parse_scene
 from voxroom.settings import Settings
@@ -46,6 +50,8 @@ IDLE_TIMEOUT_S = 30.0
 """No output from the room for this long: the utterance is given up (the worker died)."""
 ABANDONED_TTL_S = 300
 SENDER = "api"
+API_ROOM = "_api"
+"""What a token's ``room`` claim names to allow this endpoint (``*`` allows it too)."""
 
 # OpenAI's voice names, answered by the nearest catalog voice for a matching scene.
 OPENAI_VOICES = {
@@ -207,8 +213,27 @@ class _SpeechResponse(StreamingResponse):
                 await _cleanup(self._reader.redis, self._reader.room, finished=self._reader.finished)
 
 
+def _authorize(request: Request, state: GatewayState) -> Response | None:
+    """``None`` when the caller may synthesize, else the 401/403 to answer."""
+    if state.settings.insecure_dev:
+        return None
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    try:
+        if scheme.lower() != "bearer":
+            raise tokens.TokenError("token required: Authorization: Bearer <token>")
+        grant = tokens.verify(state.settings.jwt_secret or "", token.strip(), API_ROOM)
+    except tokens.TokenError as exc:
+        return api_error(401, str(exc), "invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+    if not grant.can_speak:
+        return api_error(403, "a listener token cannot synthesize speech", "forbidden")
+    return None
+
+
 async def _speech(request: Request, limiter: _Limiter) -> Response:
     state: GatewayState = request.app.state.voxroom
+    denied = _authorize(request, state)
+    if denied is not None:
+        return denied
     body = await read_json(request)
     if isinstance(body, Response):
         return body

@@ -17,7 +17,7 @@ from redis.asyncio import Redis
 from tests.audio_analysis import is_speech_like, voiced_duration_s
 from tests.conftest import Stack
 from tests.support.processes import start_gateway
-from voxroom import keys
+from voxroom import keys, tokens
 from voxroom.protocol import ROOM_RATE
 
 LINE = "Good evening, villagers. Tonight the werewolves will choose their victim."
@@ -139,5 +139,33 @@ async def test_past_the_stream_limit_the_answer_is_503_with_retry_after(
             resp = await http.post(f"http://127.0.0.1:{port}/v1/audio/speech", json={"input": "hi"})
         assert resp.status_code == 503 and resp.headers["retry-after"] == "1"
         assert resp.json()["error"]["code"] == "busy"
+    finally:
+        gateway.stop()
+
+
+async def test_with_auth_on_it_takes_a_speaker_bearer_token_for_the_api(stack: Stack, tmp_path: Path) -> None:
+    secret = "s" * 40
+    gateway, port = start_gateway(stack.redis_url, tmp_path, insecure=False, VOXROOM_JWT_SECRET=secret)
+    body = {"input": "Authorised.", "voice": "en-espeak", "response_format": "pcm"}
+    url = f"http://127.0.0.1:{port}/v1/audio/speech"
+    try:
+        async with httpx.AsyncClient(timeout=20) as http:
+            missing = await http.post(url, json=body)
+            assert missing.status_code == 401 and missing.headers["www-authenticate"] == "Bearer"
+            assert missing.json()["error"]["code"] == "invalid_api_key"
+            forged = await http.post(url, json=body, headers={"Authorization": "Bearer " + tokens.mint(
+                "x" * 40, "*", "speaker")})
+            assert forged.status_code == 401
+            other_room = tokens.mint(secret, "some-room", "speaker")
+            assert (await http.post(url, json=body, headers={"Authorization": f"Bearer {other_room}"})).status_code \
+                == 401
+            listener = tokens.mint(secret, "_api", "listener")
+            assert (await http.post(url, json=body, headers={"Authorization": f"Bearer {listener}"})).status_code \
+                == 403
+            for room in ("_api", "*"):
+                ok = await http.post(url, json=body,
+                                     headers={"Authorization": f"Bearer {tokens.mint(secret, room, 'speaker')}"})
+                assert ok.status_code == 200 and len(ok.content) > 10_000, room
+            assert (await http.get(f"http://127.0.0.1:{port}/v1/voices")).status_code == 200  # the catalog is public
     finally:
         gateway.stop()
