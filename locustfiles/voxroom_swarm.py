@@ -45,11 +45,10 @@ from locust import User, constant, events, task
 from locust.env import Environment
 from locust.exception import StopUser
 from locust.runners import WorkerRunner
+from playout import underruns  # locust puts the locustfile's directory on sys.path
 
 from voxroom.protocol import AudioFrame
 
-SLICE_MS = 40.0
-BUFFER_SLICES = 3
 WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet",
          "kilo", "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango")
 
@@ -85,23 +84,6 @@ def _options(parser: Any) -> None:
 def _fire(env: Environment, name: str, ms: float, *, exc: BaseException | None = None, length: int = 0) -> None:
     env.events.request.fire(request_type="WS", name=name, response_time=max(0.0, ms), response_length=length,
                             exception=exc, context={})
-
-
-def underruns(arrivals_ms: list[float], buffer_slices: int = BUFFER_SLICES) -> list[float]:
-    """Stalls (ms) of a player that starts once ``buffer_slices`` slices are in, plays one slice
-    every 40 ms, and on a missing slice waits for ``buffer_slices`` again."""
-    stalls: list[float] = []
-    n = len(arrivals_ms)
-    if n == 0:
-        return stalls
-    start, t0 = 0, arrivals_ms[min(buffer_slices - 1, n - 1)]
-    for i, arrived in enumerate(arrivals_ms):
-        due = t0 + (i - start) * SLICE_MS
-        if arrived > due:
-            resumed = arrivals_ms[min(i + buffer_slices - 1, n - 1)]
-            stalls.append(resumed - due)
-            start, t0 = i, resumed
-    return stalls
 
 
 @dataclass
