@@ -9,6 +9,7 @@ nginx needs no root and no /var.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import shutil
 import subprocess
@@ -22,7 +23,7 @@ import pytest
 
 from tests.ops.conftest import OpsStack
 from tests.ops.test_metrics import scrape, value
-from tests.support.processes import ROOT
+from tests.support.processes import ROOT, start_gateway
 from tests.support.room_client import RoomClient
 from voxroom.redis_server import free_port
 
@@ -57,18 +58,18 @@ http {{
     return conf
 
 
-@pytest.fixture
-def nginx(ops_stack: OpsStack, tmp_path: Path) -> Iterator[int]:
+@contextlib.contextmanager
+def running_nginx(prefix: Path, gateways: list[int]) -> Iterator[int]:
+    """Debian's nginx on a free port in front of ``gateways``; stopped on exit."""
     binary = shutil.which("nginx") or "/usr/sbin/nginx"
     if not Path(binary).exists():
         pytest.fail("nginx is not installed: run scripts/system-deps (apt-get install nginx)")
     port = free_port()
-    conf = render(tmp_path, port, [p for _, p in ops_stack.gateways])
-    check = subprocess.run([binary, "-t", "-e", str(tmp_path / "error.log"), "-p", str(tmp_path), "-c", str(conf)],
-                           capture_output=True, text=True, timeout=10)
+    conf = render(prefix, port, gateways)
+    base = [binary, "-e", str(prefix / "error.log"), "-p", str(prefix), "-c", str(conf)]
+    check = subprocess.run([*base, "-t"], capture_output=True, text=True, timeout=10)
     assert check.returncode == 0, check.stderr
-    proc = subprocess.Popen([binary, "-e", str(tmp_path / "error.log"), "-p", str(tmp_path), "-c", str(conf)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(base, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 10
         while True:
@@ -77,12 +78,18 @@ def nginx(ops_stack: OpsStack, tmp_path: Path) -> Iterator[int]:
                     break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"nginx did not start: {(tmp_path / 'error.log').read_text()}") from None
+                    raise RuntimeError(f"nginx did not start: {(prefix / 'error.log').read_text()}") from None
                 time.sleep(0.05)
         yield port
     finally:
         proc.terminate()  # SIGTERM: fast shutdown
         proc.wait(10)
+
+
+@pytest.fixture
+def nginx(ops_stack: OpsStack, tmp_path: Path) -> Iterator[int]:
+    with running_nginx(tmp_path, [p for _, p in ops_stack.gateways]) as port:
+        yield port
 
 
 def http_status(url: str) -> int:
@@ -113,3 +120,24 @@ async def test_room_through_nginx_with_room_affinity(nginx: int, ops_stack: OpsS
             frames = client.got.frames_of(ends[0]["utterance"])
             assert len(frames) == ends[0]["chunks"] > 0
             assert [f.chunk for f in frames] == list(range(len(frames)))
+
+
+async def test_a_room_moves_to_the_other_gateway_when_its_gateway_dies(ops_stack: OpsStack, tmp_path: Path,
+                                                                       room: str) -> None:
+    """Passive failover: SIGKILL the room's gateway; a reconnect through nginx reaches the other one."""
+    gateways = [start_gateway(ops_stack.redis_url, tmp_path) for _ in range(2)]
+    try:
+        with running_nginx(tmp_path, [p for _, p in gateways]) as port:
+            async with RoomClient(port, room):
+                counts = [value(await asyncio.to_thread(scrape, p), "voxroom_connections") for _, p in gateways]
+                home = counts.index(1.0)
+                gateways[home][0].kill()
+            async with RoomClient(port, room) as again:
+                await again.say("after failover")
+                ends = await again.wait_ends(1, timeout=20)
+                assert ends[0]["status"] == "ok" and again.got.frames_of(ends[0]["utterance"])
+            other = gateways[1 - home][1]
+            assert value(await asyncio.to_thread(scrape, other), "voxroom_utterances_accepted_total") == 1
+    finally:
+        for proc, _ in gateways:
+            proc.stop()
