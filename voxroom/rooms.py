@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from redis import Redis
+from redis.exceptions import ResponseError
 
 from voxroom import keys
 from voxroom.settings import Settings
@@ -114,7 +115,7 @@ def pending_jobs(r: Redis, room: str | None = None, scan: int = PENDING_SCAN) ->
     """Jobs read by a worker and not acked (``XPENDING``), optionally only ``room``'s."""
     try:
         pending: Any = r.xpending_range(keys.JOBS, keys.JOBS_GROUP, min="-", max="+", count=scan)
-    except Exception as exc:  # NOGROUP before the first worker ever started
+    except ResponseError as exc:  # NOGROUP before the first worker ever started
         if "NOGROUP" in str(exc) or "no such key" in str(exc):
             return []
         raise
@@ -138,7 +139,7 @@ def job_groups(r: Redis) -> list[dict[str, str]]:
     """``XINFO GROUPS vx:jobs``: per consumer group, pending and lag (lag is Redis 7 only)."""
     try:
         return [_fields(g) for g in r.xinfo_groups(keys.JOBS)]
-    except Exception as exc:
+    except ResponseError as exc:
         if "no such key" in str(exc):
             return []
         raise
