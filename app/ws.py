@@ -13,7 +13,7 @@ import time
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocket
 
 from app.admission import Refused, admit
 from app.connection import ClientConnection
@@ -59,7 +59,9 @@ async def room_endpoint(websocket: WebSocket) -> None:
         await asyncio.wait([writer], timeout=1.0)
         if not writer.done():
             writer.cancel()
-            await asyncio.gather(writer, return_exceptions=True)
+        # Retrieve how the writer ended (a send to a socket already gone raises), or asyncio logs
+        # "Task exception was never retrieved".
+        await asyncio.gather(writer, return_exceptions=True)
 
 
 class _Limits:
@@ -97,7 +99,9 @@ async def _receive_loop(websocket: WebSocket, conn: ClientConnection, state: Gat
                     log.warning("client %s in room %s flooded the gateway; closing", conn.client_id, conn.room)
                     conn.close()
                     await websocket.close(CloseCode.POLICY_VIOLATION, "flood: too many frames")
-                    raise WebSocketDisconnect(CloseCode.POLICY_VIOLATION)
+                    # Return, not raise: an exception out of the endpoint makes uvicorn log a
+                    # 40-line traceback per close, which a hostile client could repeat at will.
+                    return
                 raise ProtocolError(ErrorCode.RATE_LIMITED, "too many frames; this one was ignored",
                                     retry_after_ms=int(wait_s * 1000) + 1)
             limits.refused_in_row = 0
@@ -108,7 +112,7 @@ async def _receive_loop(websocket: WebSocket, conn: ClientConnection, state: Gat
             if exc.fatal:
                 conn.close()
                 await websocket.close(CloseCode.UNSUPPORTED_DATA, exc.message[:120])
-                raise WebSocketDisconnect(CloseCode.UNSUPPORTED_DATA) from None
+                return
             conn.send_text(protocol.encode_server_message(
                 protocol.error_message(exc.code, exc.message, seq=exc.seq, retry_after_ms=exc.retry_after_ms)))
 
