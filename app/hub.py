@@ -30,6 +30,7 @@ log = logging.getLogger("voxroom.gateway.hub")
 
 WAKE_MAXLEN = 16
 REPLAY_BATCH = 256
+READ_BLOCK_MS = 2000
 READ_COUNT = 512
 
 
@@ -78,7 +79,8 @@ class _Reader:
             streams: dict[Any, Any] = {keys.room_output(r): c for r, c in self.cursors.items()}
             streams[self.wake_key] = self._wake_cursor
             try:
-                resp: Any = await redis.xread(streams, count=READ_COUNT, block=5000)
+                # Blocks well under redis-py's socket timeout (5 s): a quiet room is not an error.
+                resp: Any = await redis.xread(streams, count=READ_COUNT, block=READ_BLOCK_MS)
                 backoff = 0.1
             except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
                 log.warning("hub reader %d: redis unavailable (%s); retrying in %.1f s", self.index, exc, backoff)
