@@ -254,7 +254,12 @@ async def _speech(request: Request, limiter: _Limiter) -> Response:
                          headers={"Retry-After": "1"})
     room = f"{keys.PRIVATE_ROOM_PREFIX}{uuid.uuid4().hex}"
     redis: Redis = state.hub.redis
-    outcome = await state.ingress.say(room, SENDER, 1, text, voice.id)
+    try:
+        outcome = await state.ingress.say(room, SENDER, 1, text, voice.id)
+    except (RedisError, OSError) as exc:
+        log.warning("speech: redis unavailable: %s", exc)
+        return api_error(503, "server unavailable; retry later", "unavailable", kind="server_error",
+                         headers={"Retry-After": "2"})
     if outcome.status != "accepted":  # a fresh room has no backlog: only a full job stream does this
         await _cleanup(redis, room, finished=True)
         return api_error(503, "server busy; retry later", "busy", kind="server_error", headers={"Retry-After": "1"})

@@ -88,7 +88,10 @@ class Context:
             if exc is not None:  # _synthesize catches engine errors; this is a bug, keep serving
                 log.error("context %s synthesis crashed", self.name, exc_info=exc)
             elif self.cache is not None:
-                await self._store(engine, batch, future.result())
+                try:
+                    await self._store(engine, batch, future.result())
+                except Exception:  # as for lookups: never the runner
+                    log.exception("context %s: audio cache store failed", self.name)
 
     def _fingerprint(self, engine: Engine, utt: Utterance) -> str:
         request = self._request(utt)
@@ -101,7 +104,11 @@ class Context:
         the publisher as for fresh audio). ``False``: a miss, synthesize it."""
         if self.cache is None:
             return False
-        pcm = await self.cache.get(self._fingerprint(self._engine_for(utt), utt))
+        try:
+            pcm = await self.cache.get(self._fingerprint(self._engine_for(utt), utt))
+        except Exception:  # a cache bug must cost a synthesis, never the context's runner
+            log.exception("context %s: audio cache lookup failed; synthesizing", self.name)
+            return False
         if pcm is None:
             return False
         on_started(utt)
