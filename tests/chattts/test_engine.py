@@ -122,3 +122,26 @@ def test_no_clicks_at_chunk_piece_and_voice_boundaries(engine: ChatTTSEngine) ->
     edges = np.cumsum([STEP_SAMPLES] * 5)[:-1]
     assert max(abs(float(audio[e - 1])) + abs(float(audio[e])) for e in edges) < 1e-4
     assert abs(float(audio[0])) < 1e-4 and abs(float(audio[-1])) < 1e-4
+
+
+@pytest.mark.parametrize("option", ["int8", "bf16"])
+def test_cpu_precision_options_stream_audio(tiny_dir: Any, option: str) -> None:
+    from tests.chattts.conftest import make_engine
+
+    eng = make_engine(tiny_dir, **{option: True})
+    try:
+        quantized = type(eng.chat.gpt.gpt.layers[0].mlp.down_proj).__module__
+        if option == "int8":
+            assert "quantized" in quantized
+        else:
+            assert eng.chat.gpt.gpt.layers[0].mlp.down_proj.weight.dtype == torch.bfloat16
+        (audio,), _ = collect(((0, c) for c in eng.stream(request("Precision check."), never())), 1)
+        assert len(audio) == STEP_SAMPLES and np.isfinite(audio).all()
+        assert float(np.sqrt(np.mean(audio**2))) > 1e-3
+    finally:
+        eng.close()
+
+
+def test_int8_and_bf16_together_are_refused() -> None:
+    with pytest.raises(EngineError, match="int8 or bf16"):
+        ChatTTSEngine(int8=True, bf16=True)
