@@ -31,6 +31,7 @@ log = logging.getLogger("voxroom.gateway.hub")
 WAKE_MAXLEN = 16
 REPLAY_BATCH = 256
 READ_BLOCK_MS = 2000
+OPUS_DEMAND_TTL_S = 30
 READ_COUNT = 512
 
 
@@ -128,6 +129,8 @@ class RoomHub:
 
     async def join(self, client: ClientConnection) -> None:
         """Add a client; from now on it gets every entry after ``client.joined_at``."""
+        if client.codec == CODEC_OPUS:
+            await self._want_opus([client.room])
         async with self._lock:
             members = self.rooms.get(client.room)
             if members is not None:
@@ -198,6 +201,24 @@ class RoomHub:
             await reader.wake()
         except (RedisConnectionError, RedisTimeoutError, OSError):
             pass  # the reader drops the room on its next read anyway
+
+    async def _want_opus(self, rooms: list[str]) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        for room in rooms:
+            pipe.set(keys.room_opus_demand(room), 1, ex=OPUS_DEMAND_TTL_S)
+        await pipe.execute()
+
+    async def keep_opus_demand(self) -> None:
+        """Refresh the Opus demand of rooms with Opus clients here, so workers keep encoding it;
+        when the last one leaves (or this gateway dies) the key simply expires."""
+        while True:
+            await asyncio.sleep(OPUS_DEMAND_TTL_S / 3)
+            rooms = [room for room, members in self.rooms.items() if any(c.codec == CODEC_OPUS for c in members)]
+            if rooms:
+                try:
+                    await self._want_opus(rooms)
+                except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                    log.warning("could not refresh opus demand: %s", exc)
 
     def _pick_reader(self) -> _Reader:
         for reader in self._readers:

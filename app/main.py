@@ -95,6 +95,7 @@ def create_app(settings: Settings, *, catalog: Catalog | None = None) -> Starlet
         with contextlib.suppress(Exception):
             await directory.refresh()
         directory_task = asyncio.create_task(directory.run(), name="gateway:directory")
+        opus_task = asyncio.create_task(state.hub.keep_opus_demand(), name="gateway:opus-demand")
         log.info("gateway %s up (redis %s)", gateway_id, url)
         try:
             yield
@@ -105,7 +106,8 @@ def create_app(settings: Settings, *, catalog: Catalog | None = None) -> Starlet
                 with contextlib.suppress(Exception):
                     await conn.websocket.close(CloseCode.SERVICE_RESTART, "server restarting")
             directory_task.cancel()
-            await asyncio.gather(directory_task, return_exceptions=True)
+            opus_task.cancel()
+            await asyncio.gather(directory_task, opus_task, return_exceptions=True)
             await state.hub.close()
             await text_redis.aclose()
             await bytes_redis.aclose()

@@ -17,6 +17,8 @@ key                                    type      what
                                                  (room-clock time the last utterance ends),
                                                  ``voice`` (the room's current voice)
 ``vx:room:{room}:senders``             hash      sender id -> last client ``seq`` accepted (dedupe)
+``vx:room:{room}:opus``                string    present (TTL 30 s, refreshed) while an Opus client
+                                                 listens: workers add Opus copies only then
 ``vx:rooms``                           zset      room -> last activity (ms); for ``voxroom rooms``
 ``vx:worker:{id}``                     hash      worker heartbeat: engines, contexts, load (TTL)
 ``vx:gw:{id}:wake:{n}``                stream    private to one gateway reader: XADD wakes its
@@ -51,6 +53,12 @@ def room_seq(room: str) -> str:
 
 def room_state(room: str) -> str:
     return f"{PREFIX}:room:{room}:state"
+
+
+def room_opus_demand(room: str) -> str:
+    """Set (with a short TTL, refreshed) while some gateway has an Opus client in the room: workers
+    encode Opus only for rooms that want it."""
+    return f"{PREFIX}:room:{room}:opus"
 
 
 def room_senders(room: str) -> str:

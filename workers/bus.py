@@ -7,7 +7,7 @@ without knowing the key layout (see ``voxroom/keys.py``).
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, NamedTuple
 
 from redis.asyncio import ConnectionPool, Redis
 from redis.exceptions import ResponseError
@@ -16,6 +16,17 @@ from voxroom import keys
 from workers.job import Job
 
 log = logging.getLogger("voxroom.worker.bus")
+
+
+class Turn(NamedTuple):
+    next: int
+    """The seq allowed to play next."""
+    end_ms: float
+    """Room-clock time where the room's audio ends."""
+    started: int
+    """The last seq whose start was published: ``started == next`` means that utterance began once
+    already (its worker died) and must be restarted, not continued."""
+    opus_wanted: bool
 
 
 class WorkerBus:
@@ -74,12 +85,13 @@ class WorkerBus:
 
     # -- room order ----------------------------------------------------------------------------
 
-    async def room_turn(self, room: str) -> tuple[int, float, int]:
-        """``(next seq allowed to play, room-clock ms where the room's audio ends, last seq whose
-        start was published)``. ``started == next`` means that utterance began once already (its
-        worker died): it must be restarted, not continued."""
-        nxt, end_ms, started = await self.redis.hmget(keys.room_state(room), ["next", "end_ms", "started"])
-        return int(nxt or 1), float(end_ms or 0.0), int(started or 0)
+    async def room_turn(self, room: str) -> Turn:
+        """Where the room's playback stands, and whether any client wants Opus (one round trip)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hmget(keys.room_state(room), ["next", "end_ms", "started"])
+        pipe.exists(keys.room_opus_demand(room))
+        (nxt, end_ms, started), opus = await pipe.execute()
+        return Turn(int(nxt or 1), float(end_ms or 0.0), int(started or 0), bool(opus))
 
     async def output_tail(self, room: str) -> str:
         last: Any = await self.raw.xrevrange(keys.room_output(room), count=1)  # entries may hold audio

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from voxroom.clock import RoomClock
 from voxroom.opus import OpusEncoder
 from voxroom.protocol import CODEC_OPUS, ROOM_RATE, SLICE_SAMPLES, AudioFrame
-from workers.bus import WorkerBus
+from workers.bus import Turn, WorkerBus
 from workers.job import Utterance
 
 log = logging.getLogger("voxroom.worker.publisher")
@@ -39,26 +39,25 @@ class PublishResult:
 
 
 async def wait_for_turn(bus: WorkerBus, utt: Utterance, clock: RoomClock,
-                        timeout_ms: float) -> tuple[str, float]:
-    """``("ok", end_ms)`` when it is this utterance's turn (``end_ms``: where the room's audio
-    ends), ``("restart", end_ms)`` when it is and a dead worker had already begun publishing it,
-    ``("stale", _)`` when the room already moved past it (it was skipped), or
-    ``("timeout", _)`` after which the caller skips the predecessor."""
+                        timeout_ms: float) -> tuple[str, Turn]:
+    """``("ok", turn)`` when it is this utterance's turn, ``("restart", turn)`` when it is and a
+    dead worker had already begun publishing it, ``("stale", _)`` when the room already moved past
+    it (it was skipped), or ``("timeout", _)`` after which the caller skips the predecessor."""
     room, seq = utt.job.room, utt.job.seq
-    nxt, end_ms, started = await bus.room_turn(room)  # the common case, a quiet room: one round trip
-    if nxt == seq:
-        return ("restart" if started == seq else "ok"), end_ms
+    turn = await bus.room_turn(room)  # the common case, a quiet room: one round trip
+    if turn.next == seq:
+        return ("restart" if turn.started == seq else "ok"), turn
     deadline = clock.now_ms() + timeout_ms
     tail = await bus.output_tail(room)
     while True:
-        nxt, end_ms, started = await bus.room_turn(room)
-        if nxt == seq:
-            return ("restart" if started == seq else "ok"), end_ms
-        if nxt > seq:
-            return "stale", end_ms
+        turn = await bus.room_turn(room)
+        if turn.next == seq:
+            return ("restart" if turn.started == seq else "ok"), turn
+        if turn.next > seq:
+            return "stale", turn
         remaining = deadline - clock.now_ms()
         if remaining <= 0:
-            return "timeout", end_ms
+            return "timeout", turn
         # Every change of ``next`` comes with an ``end`` entry in the output stream, so a blocked
         # read on the stream wakes us exactly when it is worth checking again. The tail was read
         # before the check above, so an ``end`` that lands in between still wakes us.
@@ -75,7 +74,7 @@ async def publish_utterance(bus: WorkerBus, utt: Utterance, clock: RoomClock, *,
     ``paced=False`` (private API rooms, which nobody plays in real time): slices go out as soon as
     they exist, in batches of at most :data:`UNPACED_BATCH`; order and framing are unchanged."""
     job = utt.job
-    turn, end_ms = await wait_for_turn(bus, utt, clock, order_wait_ms)
+    turn, state = await wait_for_turn(bus, utt, clock, order_wait_ms)
     if turn == "stale":
         utt.cancel.set()
         log.warning("room %s utterance %d arrived after the room moved on; dropped", job.room, job.seq)
@@ -84,7 +83,8 @@ async def publish_utterance(bus: WorkerBus, utt: Utterance, clock: RoomClock, *,
         log.warning("room %s utterance %d waited %.0f ms for its predecessor; skipping past it",
                     job.room, job.seq, order_wait_ms)
         await bus.skip_to(job.room, job.seq)
-        _, end_ms, _ = await bus.room_turn(job.room)
+        state = await bus.room_turn(job.room)
+    end_ms = state.end_ms
 
     # Stamp the start once the first slice exists: stamping earlier would put a slow engine's
     # first slice in the past and force a shift on every utterance.
@@ -105,7 +105,10 @@ async def publish_utterance(bus: WorkerBus, utt: Utterance, clock: RoomClock, *,
         log.warning("room %s utterance %d restarted from its first slice", job.room, job.seq)
     mark_started: int | None = job.seq
     item = first
-    encoder = OpusEncoder(bitrate=opus_bitrate) if opus_bitrate > 0 and first is not None else None
+    # Opus copies only for rooms where some gateway has an Opus listener (encoding costs about
+    # 0.3 ms a slice on this loop); a listener who joins mid-utterance gets PCM until the next one.
+    wanted = opus_bitrate > 0 and state.opus_wanted and first is not None
+    encoder = OpusEncoder(bitrate=opus_bitrate) if wanted else None
     while item is not None:
         if paced and next_pts < clock.now_ms() + SLICE_MS / 2:
             # The engine fell behind real time: move the rest later rather than publish it late.
