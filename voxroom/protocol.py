@@ -34,6 +34,8 @@ MAX_SEQ: Final = 2**53 - 1  # JSON-safe integer range: JavaScript clients must r
 ROOM_ID_RE: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
 VOICE_RE: Final = re.compile(r"^[A-Za-z0-9_.:+-]{1,64}\Z")
 SCENE_KEY_RE: Final = re.compile(r"^[a-z][a-z0-9_]{0,31}\Z")
+CONTROL_CHARS_RE: Final = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+"""C0 controls and DEL, except tab, line feed and carriage return (a say's text may hold those)."""
 MAX_SCENE_TAGS: Final = 16
 MAX_SCENE_VALUE_CHARS: Final = 64
 
@@ -182,6 +184,9 @@ def parse_client_message(obj: dict[str, Any]) -> ClientMessage:
         if len(text) > MAX_TEXT_CHARS:
             raise ProtocolError(ErrorCode.TEXT_TOO_LONG,
                                 f"text has {len(text)} characters; the limit is {MAX_TEXT_CHARS}", seq=seq)
+        if CONTROL_CHARS_RE.search(text):
+            # Nothing speaks them, and a NUL makes the espeak phonemizer raise mid-synthesis.
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, "'text' has control characters", seq=seq)
         voice = obj.get("voice")
         if voice is not None and (not isinstance(voice, str) or not VOICE_RE.match(voice)):
             raise ProtocolError(ErrorCode.UNKNOWN_VOICE, "'voice' must be a catalog voice id", seq=seq)

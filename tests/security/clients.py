@@ -47,14 +47,17 @@ async def refusal(url: str, *, origin: str | None = None) -> tuple[int | None, s
         await ws.close()
 
 
-async def next_json(ws: ClientConnection, timeout: float = 10.0, *, kind: str | None = None) -> dict[str, Any]:
-    """The next JSON message (of type ``kind`` when given), skipping audio frames."""
+async def next_json(ws: ClientConnection, timeout: float = 10.0, *,
+                    kind: str | tuple[str, ...] | None = None) -> dict[str, Any]:
+    """The next JSON message (of type ``kind``, or one of them, when given), skipping audio frames."""
+    kinds = (kind,) if isinstance(kind, str) else kind
+
     async def read() -> dict[str, Any]:
         while True:
             data = await ws.recv()
             if isinstance(data, str):
                 msg: dict[str, Any] = json.loads(data)
-                if kind is None or msg.get("type") == kind:
+                if kinds is None or msg.get("type") in kinds:
                     return msg
 
     return await asyncio.wait_for(read(), timeout)
@@ -67,6 +70,10 @@ class QueryClient(RoomClient):
         super().__init__(port, room)
         self.url = ws_url(port, room, **query)
 
+    async def __aenter__(self) -> QueryClient:
+        await super().__aenter__()
+        return self
+
     def errors(self, code: str | None = None) -> list[dict[str, Any]]:
         return [m for m in self.got.of("error") if code is None or m.get("code") == code]
 
@@ -75,6 +82,6 @@ def key_snapshot(redis_url: str) -> dict[bytes, bytes | None]:
     """Every key and its serialized value (``DUMP``): a later snapshot shows what changed."""
     client = redis.Redis.from_url(redis_url)
     try:
-        return {key: client.dump(key) for key in client.scan_iter(count=1000)}  # type: ignore[misc]
+        return {key: client.dump(key) for key in client.scan_iter(count=1000)}
     finally:
         client.close()

@@ -230,8 +230,8 @@ async def test_origins_outside_the_allow_list_are_refused(auth_port: int, room: 
         assert await refusal(ws_url(auth_port, room, token=token), origin=origin) == (
             CloseCode.POLICY_VIOLATION, "origin not allowed"), origin
     # The allowed origin and clients that send none (servers, not browsers) get in.
-    for origin in (GOOD_ORIGIN, None):
-        ws = await connect(ws_url(auth_port, room, token=token), origin=origin)
+    for allowed in (GOOD_ORIGIN, None):
+        ws = await connect(ws_url(auth_port, room, token=token), origin=allowed)
         try:
             assert (await next_json(ws, kind="welcome"))["role"] == "speaker"
         finally:

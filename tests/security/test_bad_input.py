@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +24,10 @@ import websockets
 
 from tests.conftest import Stack
 from tests.security.clients import QueryClient, close_of, connect, key_snapshot, next_json, refusal, ws_url
-from tests.support.processes import start_gateway
+from tests.support.processes import Proc, start_gateway, start_worker
 from voxroom import keys
 from voxroom.protocol import MAX_FRAME_BYTES, MAX_TEXT_CHARS, CloseCode, ErrorCode
+from voxroom.redis_server import RedisServer
 
 
 async def test_malformed_json_gets_bad_json_and_the_connection_stays(stack: Stack, room: str) -> None:
@@ -59,6 +61,7 @@ INVALID: list[tuple[str, str]] = [
     (json.dumps({"type": "say", "seq": 2**53, "text": "hi"}), ErrorCode.BAD_MESSAGE),
     (json.dumps({"type": "say", "seq": 0, "text": "hi"}), ErrorCode.BAD_MESSAGE),
     (json.dumps({"type": "say", "seq": 10, "text": ["hi"]}), ErrorCode.BAD_MESSAGE),
+    (json.dumps({"type": "say", "seq": 12, "text": "nul \x00 inside"}), ErrorCode.BAD_MESSAGE),
     (json.dumps({"type": "resume", "seq": -1, "chunk": 0}), ErrorCode.BAD_MESSAGE),
     ('{"type": "ping", "t": 1' + "0" * 400 + "}", ErrorCode.BAD_MESSAGE),  # too big for a float
     ('{"type": "ping", "t": NaN}', ErrorCode.BAD_MESSAGE),  # would be echoed as invalid JSON
@@ -156,7 +159,7 @@ async def test_a_resent_seq_is_not_spoken_twice(stack: Stack, room: str) -> None
 
 
 def _wait_until_jobs_settle(redis_url: str, timeout: float = 60.0) -> None:
-    """Until no utterance is waiting or being played, so other rooms' keys hold still."""
+    """Until no utterance is waiting or being played, so that the servers' own writes are done."""
     deadline = time.monotonic() + timeout
     with redis.Redis.from_url(redis_url) as r:
         while time.monotonic() < deadline:
@@ -168,21 +171,54 @@ def _wait_until_jobs_settle(redis_url: str, timeout: float = 60.0) -> None:
     raise TimeoutError("jobs still pending")
 
 
-async def test_redis_like_input_writes_only_its_own_rooms_keys(stack: Stack, room: str) -> None:
+@contextlib.contextmanager
+def own_stack(log_dir: Path, *, contexts: int = 1, kill_worker: bool = False,
+              **gateway_env: str) -> Iterator[tuple[str, Proc, int]]:
+    """A Redis, worker and gateway of one test's own: the Redis URL, the gateway and its port."""
+    with RedisServer() as server:
+        worker = start_worker(server.url, log_dir, engine="offline", contexts=contexts)
+        try:
+            # (mypy cannot tell that no VOXROOM_* name is "port" or "insecure".)
+            gateway, port = start_gateway(server.url, log_dir, insecure=True, **gateway_env)  # type: ignore[arg-type]
+            try:
+                yield server.url, gateway, port
+            finally:
+                gateway.stop()
+        finally:
+            if kill_worker:
+                worker.kill()
+            worker.stop()  # (after a kill: closes its log)
+
+
+@pytest.fixture
+def quiet_stack(tmp_path: Path) -> Iterator[tuple[str, int]]:
+    """No other test's rooms write keys meanwhile, so every key that changes was changed because of
+    what this test sent."""
+    with own_stack(tmp_path) as (redis_url, _, port):
+        yield redis_url, port
+
+
+async def test_redis_like_input_writes_only_its_own_rooms_keys(quiet_stack: tuple[str, int], room: str) -> None:
+    redis_url, port = quiet_stack
     target = f"{room}-b"
-    await asyncio.to_thread(_wait_until_jobs_settle, stack.redis_url)
-    before = key_snapshot(stack.redis_url)
-    hostile = ("*3\r\n$3\r\nSET\r\n$13\r\nvx:room:b:utt\r\n$1\r\nx\r\n "
-               f"vx:room:{target}:utt vx:room:{target}:* KEYS * FLUSHALL \"; redis.call('DEL','vx:jobs') --")
-    async with QueryClient(stack.port, room, client="attacker") as client:
+    # Another room, with history, that the hostile client will name.
+    async with QueryClient(port, target) as other:
+        await other.say("The other room.", seq=1)
+        await other.wait_ends(1)
+    await asyncio.to_thread(_wait_until_jobs_settle, redis_url)
+    before = key_snapshot(redis_url)
+    # RESP framing, key names with glob characters, and Lua quoting: all must stay inert data.
+    # (Short, because it is spoken in full before the keys are compared.)
+    hostile = "*1\r\n$8\r\nFLUSHALL\r\n vx:room:b:* ')--"
+    async with QueryClient(port, room, client="attacker") as client:
         await client.say(hostile, seq=1)
         await client.send_json({"type": "say", "seq": 2, "text": "hi", "voice": f"vx:room:{target}:utt"})
         await client.send_json({"type": "say", "seq": 3, "text": "hi", "scene": {"emotion": f"vx:room:{target}:*"}})
         await client.send_json({"type": "resume", "seq": 2**53 - 1, "chunk": 0})
         await client.wait_ends(1, timeout=60)
         assert client.got.of("start")[0]["text"] == hostile.strip()  # kept verbatim, as data
-    await asyncio.to_thread(_wait_until_jobs_settle, stack.redis_url)
-    after = key_snapshot(stack.redis_url)
+    await asyncio.to_thread(_wait_until_jobs_settle, redis_url)
+    after = key_snapshot(redis_url)
     own = f"vx:room:{room}:".encode()
     shared = (b"vx:jobs", b"vx:rooms")
     # Worker heartbeats, gateway wake streams and the audio cache (slot = fingerprint mod slots, not
@@ -191,7 +227,11 @@ async def test_redis_like_input_writes_only_its_own_rooms_keys(stack: Stack, roo
     touched = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
     outside = {k for k in touched if not k.startswith(own) and k not in shared and not k.startswith(server_owned)}
     assert outside == set(), f"keys outside room {room} changed: {sorted(outside)[:10]}"
-    assert not any(k.startswith(f"vx:room:{target}:".encode()) or k.startswith(b"vx:room:b:") for k in after)
+    assert not any(k.startswith(b"vx:room:b:") for k in after)
+    # The named room exists and was not touched: same keys, same values.
+    theirs = f"vx:room:{target}:".encode()
+    assert {k: v for k, v in after.items() if k.startswith(theirs)} == \
+           {k: v for k, v in before.items() if k.startswith(theirs)} != {}
     assert b"vx:jobs" in after
 
 
@@ -392,14 +432,17 @@ async def _fuzz_connection(url: str, rng: random.Random, stats: FuzzStats, stop:
 
 
 @pytest.mark.slow
-async def test_fuzz_run_leaves_the_gateway_serving_a_well_behaved_client(stack: Stack, room: str,
-                                                                         tmp_path: Path) -> None:
-    # A gateway of its own, with the frame rate limit raised: at the default 30 frames/s most fuzz
-    # frames would be refused by the token bucket before reaching the parser this run is after.
-    gateway, port = start_gateway(stack.redis_url, tmp_path, VOXROOM_FRAME_RATE="100000",
-                                  VOXROOM_FRAME_BURST="100000")
+async def test_fuzz_run_leaves_the_gateway_serving_a_well_behaved_client(room: str, tmp_path: Path) -> None:
+    # A stack of its own (two contexts, like the shared one), so the fuzz room's accepted lines play
+    # on no one else's worker, which is killed at the end rather than left to play them out.
+    # The frame rate limit is raised: at the default 30 frames/s most fuzz frames would be refused
+    # by the token bucket before reaching the parser this run is after. At most 2 lines may wait
+    # per room: 500 random symbols are valid text that speaks for minutes and takes a context
+    # ~10 s to synthesize, so a deeper fuzz backlog starves the other room's line for minutes on a
+    # small worker (docs/security.md, "Findings"): a capacity question, not the gateway's parser.
     stats = FuzzStats()
-    try:
+    with own_stack(tmp_path, contexts=2, kill_worker=True, VOXROOM_FRAME_RATE="100000",
+                   VOXROOM_FRAME_BURST="100000", VOXROOM_MAX_PENDING_PER_ROOM="2") as (_, gateway, port):
         async with QueryClient(port, f"{room}-good") as good:
             started = time.monotonic()
 
@@ -432,5 +475,3 @@ async def test_fuzz_run_leaves_the_gateway_serving_a_well_behaved_client(stack: 
         assert stats.odd_closes == [], stats.odd_closes
         assert stats.stalls == 0
         assert stats.errors[ErrorCode.INTERNAL] == 0
-    finally:
-        gateway.stop()
