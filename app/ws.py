@@ -8,12 +8,13 @@ open; only binary garbage (1003), policy violations (1008) and shutdown (1012) c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from starlette.websockets import WebSocket
+from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from app.admission import Refused, admit
 from app.connection import ClientConnection
@@ -34,7 +35,7 @@ async def room_endpoint(websocket: WebSocket) -> None:
     await websocket.accept()
     if isinstance(decision, Refused):
         metrics.CONNECTIONS_REFUSED.labels(str(decision.code)).inc()
-        await websocket.close(decision.code, decision.reason)
+        await _close(websocket, decision.code, decision.reason)
         return
     room, client_id = decision.room, decision.client_id
     conn = ClientConnection(websocket, room=room, client_id=client_id, limit=state.settings.send_queue_slices,
@@ -62,6 +63,13 @@ async def room_endpoint(websocket: WebSocket) -> None:
         # Retrieve how the writer ended (a send to a socket already gone raises), or asyncio logs
         # "Task exception was never retrieved".
         await asyncio.gather(writer, return_exceptions=True)
+
+
+async def _close(websocket: WebSocket, code: int, reason: str) -> None:
+    """Close with ``code``. A client that is already gone is no error (starlette raises
+    WebSocketDisconnect then, which would reach uvicorn as a logged traceback)."""
+    with contextlib.suppress(WebSocketDisconnect):
+        await websocket.close(code, reason)
 
 
 class _Limits:
@@ -98,7 +106,7 @@ async def _receive_loop(websocket: WebSocket, conn: ClientConnection, state: Gat
                 if limits.refused_in_row >= limits.flood_close_after:
                     log.warning("client %s in room %s flooded the gateway; closing", conn.client_id, conn.room)
                     conn.close()
-                    await websocket.close(CloseCode.POLICY_VIOLATION, "flood: too many frames")
+                    await _close(websocket, CloseCode.POLICY_VIOLATION, "flood: too many frames")
                     # Return, not raise: an exception out of the endpoint makes uvicorn log a
                     # 40-line traceback per close, which a hostile client could repeat at will.
                     return
@@ -111,7 +119,7 @@ async def _receive_loop(websocket: WebSocket, conn: ClientConnection, state: Gat
             metrics.ERRORS.labels(exc.code).inc()
             if exc.fatal:
                 conn.close()
-                await websocket.close(CloseCode.UNSUPPORTED_DATA, exc.message[:120])
+                await _close(websocket, CloseCode.UNSUPPORTED_DATA, exc.message[:120])
                 return
             conn.send_text(protocol.encode_server_message(
                 protocol.error_message(exc.code, exc.message, seq=exc.seq, retry_after_ms=exc.retry_after_ms)))
