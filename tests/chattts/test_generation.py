@@ -82,3 +82,13 @@ def test_blend_seed_and_string_voices(engine: ChatTTSEngine) -> None:
     text_form = engine.chat.speaker._encode(a)
     s = engine.embedding(Voice(id="s", engine="chattts", language="eng", params={"embedding": text_form}))
     torch.testing.assert_close(s, a, atol=2e-3, rtol=0)
+
+
+def test_seed_voice_is_upstreams_seeded_random_speaker(engine: ChatTTSEngine) -> None:
+    """{"seed": N} names the speaker `torch.manual_seed(N); chat.sample_random_speaker()` gives."""
+    from voxroom.voices import Voice
+
+    torch.manual_seed(2222)
+    upstream = engine.chat.speaker._sample_random()
+    ours = engine.embedding(Voice(id="s2222", engine="chattts", language="cmn", params={"seed": 2222}))
+    torch.testing.assert_close(ours, torch.nn.functional.normalize(upstream.float(), dim=0))

@@ -3,7 +3,7 @@
 A chattts voice in the catalog has ``params`` of one of three kinds::
 
     {"embedding": "<ChatTTS base16384 string>"}     # what Chat.sample_random_speaker() returns
-    {"seed": 42}                                    # a random speaker, the same for a seed everywhere
+    {"seed": 2222}                                  # torch.manual_seed(2222); chat.sample_random_speaker()
     {"blend": [{"voice": "a", "weight": 0.6}, {"voice": "b", "weight": 0.4}]}
 
 ChatTTS L2-normalises the embedding before use, so only its direction matters: every embedding here is
@@ -55,10 +55,12 @@ class SpeakerBank:
                 raise EngineError(f"voice {voice.id!r}: bad ChatTTS embedding string ({exc})") from None
             return self._unit(raw, voice)
         if "seed" in params:
+            # Exactly `torch.manual_seed(seed); chat.sample_random_speaker()` (float16 draw on the CPU),
+            # so the seeds users know from the ChatTTS community name the same voices here, but from a
+            # private generator: the process-wide RNG of other contexts is left alone.
             gen = torch.Generator(device="cpu").manual_seed(int(params["seed"]))
-            std = self.speaker.std.float().cpu()
-            mean = self.speaker.mean.float().cpu()
-            raw = torch.randn(std.shape, generator=gen) * std + mean
+            std, mean = self.speaker.std.cpu(), self.speaker.mean.cpu()
+            raw = torch.randn(self.speaker.dim, generator=gen, dtype=std.dtype).mul_(std).add_(mean)
             return self._unit(raw, voice)
         if "blend" in params:
             return self._blend(voice, params["blend"], depth)
