@@ -80,14 +80,31 @@ class Settings:
     lead_ms: int = 120
     """Audio is published this far ahead of its presentation time (the client's buffer)."""
     chattts_dir: str | None = None
+    """A directory of ChatTTS weights (the published layout, or one built by
+    ``python -m workers.engines.chattts.random_checkpoint``)."""
     chattts_source: str = "huggingface"
+    """``huggingface`` (cache, else hub), ``local`` (``chattts_dir``, published hashes, never
+    downloads) or ``custom`` (``chattts_dir`` with its own ``sha256_map.json``)."""
     chattts_int8: bool = False
+    """Dynamic int8 quantisation of the GPT's linear layers (CPU contexts)."""
+    chattts_bf16: bool = False
+    """bf16 GPT on CPU contexts: about twice fp32's speed here (docs/benchmarks.md)."""
     chattts_empty_cache_every: int = 50
+    chattts_max_batch: int = 8
+    chattts_interpolation_steps: int = 5
+    """Pieces over which a voice switch moves from the old embedding to the new one."""
+    chattts_fade_ms: float = 80.0
+    """Fade at every audio boundary of a piece (no clicks at joins or voice switches)."""
+    chattts_seed: int = 0
+    chattts_max_new_tokens: int = 2048
+    """GPT steps per piece at most (46.875 steps a second of audio)."""
     batch_window_ms: int = 15
     synthetic_ttfc_ms: float = 50.0
     """Benchmark engine only: its fixed time to first chunk."""
     synthetic_rtf: float = 0.05
     """Benchmark engine only: its fixed real-time factor."""
+    synthetic_max_batch: int = 1
+    """Benchmark engine only: >1 makes it batch requests as a GPU engine would."""
 
     # --- voices, cache and opus (docs/voices.md, docs/api.md) ----------------------------------
     opus_bitrate: int = 24_000

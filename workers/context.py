@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from voxroom.errors import EngineError
 from voxroom.voices import Catalog
 from workers.cache import AudioCache, fingerprint, to_slices
 from workers.engines.base import BatchEngine, Engine, SynthesisRequest
@@ -59,10 +60,22 @@ class Context:
     def free(self) -> int:
         return max(0, self.capacity - self.load)
 
-    async def load_engines(self) -> None:
+    async def load_engines(self, optional: frozenset[str] = frozenset()) -> None:
+        """Load every engine on this context's thread. An engine named in ``optional`` that fails
+        to load (``auto`` found ChatTTS weights that turn out corrupt) is dropped with one clear
+        log line instead of failing the worker; any other failure raises ``EngineError``."""
         loop = asyncio.get_running_loop()
-        for engine in self.engines.values():
-            await loop.run_in_executor(self._executor, engine.load, self.device)
+        for name, engine in list(self.engines.items()):
+            try:
+                await loop.run_in_executor(self._executor, engine.load, self.device)
+            except EngineError as exc:
+                if name not in optional:
+                    raise
+                log.error("context %s: engine %s could not load (%s); serving the other voices", self.name,
+                          name, exc)
+                del self.engines[name]
+        if not self.engines:
+            raise EngineError(f"context {self.name}: no engine could load")
 
     async def run(self, on_started: Callable[[Utterance], None]) -> None:
         """Take jobs off the queue forever; ``on_started`` hands each one to its publisher."""

@@ -66,14 +66,23 @@ def worker_catalog(catalog: Catalog, engines: set[str]) -> Catalog:
     return catalog.only_engines(engines)
 
 
-def engine_options(name: str, settings: Settings) -> dict[str, Any]:
+def engine_options(name: str, settings: Settings, catalog: Catalog | None = None) -> dict[str, Any]:
+    """Constructor options for engine ``name``; ``catalog`` resolves the voices a blend names."""
     if name == "chattts":
-        found = _chattts_weights(settings)
-        return {"source": "local" if found else settings.chattts_source,
-                "custom_path": found, "int8": settings.chattts_int8,
-                "empty_cache_every": settings.chattts_empty_cache_every}
+        if settings.chattts_source == "custom":
+            source, path = "custom", settings.chattts_dir
+        else:
+            found = _chattts_weights(settings)
+            source, path = ("local", found) if found else (settings.chattts_source, settings.chattts_dir)
+        return {"source": source, "custom_path": path, "int8": settings.chattts_int8,
+                "bf16": settings.chattts_bf16, "empty_cache_every": settings.chattts_empty_cache_every,
+                "max_batch": settings.chattts_max_batch,
+                "interpolation_steps": settings.chattts_interpolation_steps, "fade_ms": settings.chattts_fade_ms,
+                "seed": settings.chattts_seed, "max_new_tokens": settings.chattts_max_new_tokens,
+                "voice_lookup": catalog.get if catalog is not None else None}
     if name == "synthetic":
-        return {"ttfc_ms": settings.synthetic_ttfc_ms, "rtf": settings.synthetic_rtf}
+        return {"ttfc_ms": settings.synthetic_ttfc_ms, "rtf": settings.synthetic_rtf,
+                "max_batch": settings.synthetic_max_batch}
     return {}
 
 
@@ -85,13 +94,19 @@ def build_worker(settings: Settings, redis: Redis, *, catalog: Catalog | None = 
     served = worker_catalog(catalog, engines)
 
     def make_engines(device: str) -> dict[str, Engine]:
-        return {name: registry.create_engine(name, **engine_options(name, settings)) for name in sorted(engines)}
+        return {name: registry.create_engine(name, **engine_options(name, settings, catalog))
+                for name in sorted(engines)}
 
     pool = ContextPool(detect_devices(settings.cpu_contexts), make_engines, served,
                        queue_size=settings.context_queue, inflight=settings.context_inflight,
                        batch_window_ms=settings.batch_window_ms)
-    return Worker(redis, pool, served, lead_ms=settings.lead_ms, order_wait_ms=settings.order_wait_ms,
-                  claim_idle_ms=settings.claim_idle_ms, output_maxlen=settings.output_stream_maxlen,
-                  opus_bitrate=settings.opus_bitrate, cache_slots=settings.cache_slots,
-                  cache_entry_max_bytes=settings.cache_entry_max_bytes, cache_ttl_s=settings.cache_ttl_s,
-                  cache_lru_entries=settings.cache_lru_entries)
+    worker = Worker(redis, pool, served, lead_ms=settings.lead_ms, order_wait_ms=settings.order_wait_ms,
+                    claim_idle_ms=settings.claim_idle_ms, output_maxlen=settings.output_stream_maxlen,
+                    opus_bitrate=settings.opus_bitrate, cache_slots=settings.cache_slots,
+                    cache_entry_max_bytes=settings.cache_entry_max_bytes, cache_ttl_s=settings.cache_ttl_s,
+                    cache_lru_entries=settings.cache_lru_entries)
+    if settings.engine == "auto":
+        # auto chose ChatTTS because weights were found; if they do not load, the offline voices
+        # still serve (one error line says why) rather than no voice at all.
+        worker.optional_engines = frozenset({"chattts"})
+    return worker

@@ -64,6 +64,8 @@ class Worker:
         self._capacity = asyncio.Event()
         self._stopping = asyncio.Event()
         self.published = 0
+        self.optional_engines: frozenset[str] = frozenset()
+        """Engines that may fail to load without failing the worker (``auto``'s ChatTTS)."""
         self.opus_bitrate = opus_bitrate if opus_bitrate > 0 and _has_pyav() else 0
         if opus_bitrate > 0 and not self.opus_bitrate:
             log.warning("PyAV is not installed: publishing PCM only (pip install 'voxroom[opus]')")
@@ -78,7 +80,7 @@ class Worker:
     async def run(self) -> None:
         await self.bus.ensure_group()
         for ctx in self.pool.contexts:
-            await ctx.load_engines()
+            await ctx.load_engines(self.optional_engines)
         log.info("worker %s ready: %d contexts (%s), engines %s", self.id, len(self.pool.contexts),
                  ", ".join(c.device for c in self.pool.contexts), sorted(self.pool.engine_names()))
         background = [self._task(ctx.run(self._on_started), f"worker:{ctx.name}:runner")

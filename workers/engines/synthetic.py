@@ -9,7 +9,8 @@ follows the text (about 14 characters a second, a typical speaking rate).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -19,11 +20,15 @@ CHARS_PER_SECOND = 14.0
 
 
 class SyntheticEngine:
+    """``max_batch`` > 1 makes it a batch engine (as ChatTTS on a GPU is): one wait of ``ttfc_ms``
+    for the whole batch, then every row's chunks, so that many rooms can be served from a few
+    contexts (threads) the way a real deployment would."""
+
     name = "synthetic"
-    max_batch = 1
 
     def __init__(self, *, ttfc_ms: float = 50.0, rtf: float = 0.05, chunk_ms: float = 200.0,
-                 sample_rate: int = 24_000) -> None:
+                 sample_rate: int = 24_000, max_batch: int = 1) -> None:
+        self.max_batch = max_batch
         self.sample_rate = sample_rate
         self.ttfc_s = ttfc_ms / 1000
         self.rtf = rtf
@@ -35,14 +40,18 @@ class SyntheticEngine:
     def duration_s(self, text: str) -> float:
         return max(0.4, len(text) / CHARS_PER_SECOND)
 
-    def stream(self, request: SynthesisRequest, cancel: threading.Event) -> Iterator[Pcm]:
-        total = int(self.duration_s(request.text) * self.sample_rate)
+    def _audio(self, text: str) -> Pcm:
+        total = int(self.duration_s(text) * self.sample_rate)
         t = np.arange(total, dtype=np.float64) / self.sample_rate
         pitch = 110.0 + 20.0 * np.sin(2 * np.pi * 0.7 * t)
         phase = 2 * np.pi * np.cumsum(pitch) / self.sample_rate
         source = sum(np.sin(k * phase) / k for k in range(1, 8))
         envelope = 0.5 * (1 - np.cos(2 * np.pi * 4.0 * t))  # 4 syllables a second
-        audio = (0.25 * source * envelope).astype(np.float32)
+        return (0.25 * source * envelope).astype(np.float32)
+
+    def stream(self, request: SynthesisRequest, cancel: threading.Event) -> Iterator[Pcm]:
+        audio = self._audio(request.text)
+        total = audio.size
         if cancel.wait(self.ttfc_s):
             return
         for start in range(0, total, self.chunk_samples):
@@ -53,6 +62,18 @@ class SyntheticEngine:
             if cancel.is_set():
                 return
             yield chunk
+
+    def stream_batch(self, requests: Sequence[SynthesisRequest],
+                     cancel: Sequence[threading.Event]) -> Iterator[tuple[int, Pcm]]:
+        audios = [self._audio(r.text) for r in requests]
+        time.sleep(self.ttfc_s)
+        longest = max(a.size for a in audios)
+        for start in range(0, longest, self.chunk_samples):
+            if start:
+                time.sleep(self.chunk_samples / self.sample_rate * self.rtf)
+            for row, audio in enumerate(audios):
+                if start < audio.size and not cancel[row].is_set():
+                    yield row, audio[start:start + self.chunk_samples]
 
     def close(self) -> None:
         pass

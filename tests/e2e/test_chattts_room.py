@@ -1,0 +1,85 @@
+"""A room served by ChatTTS: the real ChatTTS inference code, loaded through the same loader users
+use, on a tiny randomly initialised checkpoint in ChatTTS's own asset layout (no weights can be
+downloaded here), in a real worker process on a CPU context.
+
+Random weights speak no language, so these tests check the audio's shape, not its words: length
+(the tiny model never emits end-of-speech, so its length is the step budget), energy, continuity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from tests.audio_analysis import max_jump, rms
+from tests.support.processes import Proc, start_gateway, start_worker
+from tests.support.room_client import RoomClient
+from voxroom.protocol import ROOM_RATE, SLICE_SAMPLES
+from voxroom.redis_server import RedisServer
+
+pytestmark = pytest.mark.chattts
+STEPS = 60  # GPT steps a piece: 60 / 46.875 = 1.28 s of audio
+
+
+@pytest.fixture(scope="module")
+def chattts_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Proc]]:
+    from workers.engines.chattts import random_checkpoint
+
+    model = tmp_path_factory.mktemp("chattts-tiny")
+    random_checkpoint.build(model, "tiny", seed=0)
+    logs = tmp_path_factory.mktemp("chattts-logs")
+    with RedisServer() as redis:
+        worker = start_worker(redis.url, logs, engine="chattts", contexts=1,
+                              VOXROOM_CHATTTS_SOURCE="custom", VOXROOM_CHATTTS_DIR=str(model),
+                              VOXROOM_CHATTTS_MAX_NEW_TOKENS=str(STEPS), VOXROOM_CACHE_SLOTS="0")
+        gateway, port = start_gateway(redis.url, logs)
+        try:
+            yield port, worker
+        finally:
+            gateway.stop()
+            worker.stop()
+
+
+async def test_a_room_hears_chattts_through_the_real_inference_path(chattts_stack: tuple[int, Proc]) -> None:
+    port, worker = chattts_stack
+    async with RoomClient(port, "chattts") as speaker, RoomClient(port, "chattts") as listener:
+        await speaker.say("天黑请闭眼。", voice="cmn-chattts-2222")
+        ends = await listener.wait_ends(1, timeout=90)
+    assert ends[0]["status"] == "ok", ends
+    frames = listener.got.frames_of(1)
+    assert [f.chunk for f in frames] == list(range(ends[0]["chunks"]))
+    audio = listener.got.audio(1).astype(np.float32) / 32768.0
+    seconds = audio.size / ROOM_RATE
+    assert STEPS / 46.875 - 0.1 <= seconds <= STEPS / 46.875 + 0.5, f"{seconds:.2f} s for {STEPS} steps"
+    assert rms(audio) > 1e-3, "ChatTTS's decoder produced silence"
+    joins = np.arange(SLICE_SAMPLES, audio.size, SLICE_SAMPLES)
+    assert max_jump(audio, ROOM_RATE, at=joins) < 8.0, "a click at a slice boundary"
+    assert "engines ['chattts', 'espeak', 'piper']" in worker.log_text()
+
+
+async def test_a_voice_switch_and_a_blend_are_spoken_back_to_back(chattts_stack: tuple[int, Proc]) -> None:
+    port, _ = chattts_stack
+    async with RoomClient(port, "chattts-switch") as client:
+        await client.say("First voice.", voice="eng-chattts-1111")
+        await client.say("Now the narrator, a blend.", voice="chattts-narrator")
+        ends = await client.wait_ends(2, timeout=120)
+    assert [e["status"] for e in ends] == ["ok", "ok"]
+    assert [s["voice"] for s in client.got.of("start")] == ["eng-chattts-1111", "chattts-narrator"]
+    first, second = client.got.frames_of(1), client.got.frames_of(2)
+    assert second[0].pts_us >= first[-1].pts_us + first[-1].duration_us, "the second line plays after the first"
+    for n in (1, 2):
+        assert rms(client.got.audio(n).astype(np.float32) / 32768.0) > 1e-3
+
+
+def test_the_chattts_voices_are_offered_only_by_a_chattts_worker(chattts_stack: tuple[int, Proc]) -> None:
+    import json
+    import urllib.request
+
+    port, _ = chattts_stack
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/voices", timeout=5) as resp:
+        ids = {v["id"] for v in json.load(resp)["voices"]}
+    assert {"cmn-chattts-2222", "eng-chattts-1111", "chattts-narrator", "en-joe"} <= ids
+
+
