@@ -56,9 +56,17 @@ def admit(websocket: WebSocket, state: GatewayState) -> Admitted | Refused:
     codec = protocol.CODECS_BY_NAME.get(websocket.query_params.get("codec") or "pcm16")
     if codec is None:
         return Refused(CloseCode.POLICY_VIOLATION, "codec must be pcm16 or opus")
-    # A token's subject is the sender identity (dedupe survives reconnects and cannot be forged);
-    # without one, the client may name itself for the same purpose.
-    client_id = grant.subject or websocket.query_params.get("client") or uuid.uuid4().hex[:12]
+    # A token's subject is the sender identity (dedupe survives reconnects and cannot be forged).
+    # Without one the client may name itself for the same purpose; with auth on, such self-chosen
+    # names live in their own ``c-`` namespace (tokens may not carry it), so nobody can speak as,
+    # or poison the dedupe of, a sender whose identity a token vouches for.
+    chosen = websocket.query_params.get("client") or uuid.uuid4().hex[:12]
+    if grant.subject:
+        client_id = grant.subject
+    elif not protocol.valid_room_id(chosen) or len(chosen) > 62:
+        return Refused(CloseCode.POLICY_VIOLATION, "bad client id")
+    else:
+        client_id = chosen if settings.insecure_dev else tokens.SELF_CHOSEN_PREFIX + chosen
     if not protocol.valid_room_id(client_id):
         return Refused(CloseCode.POLICY_VIOLATION, "bad client id")
     return Admitted(room=room, client_id=client_id, grant=grant, codec=codec)

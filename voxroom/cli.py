@@ -16,6 +16,7 @@ import sys
 from dataclasses import replace
 from typing import Any
 
+from voxroom import logredact
 from voxroom.errors import VoxroomError
 from voxroom.settings import Settings
 
@@ -59,6 +60,8 @@ def _run_gateway(settings: Settings) -> None:
                             lifespan="on",
                             # JSON logs: uvicorn's loggers propagate to the root handler instead.
                             log_config=None if settings.log_format == "json" else uvicorn.config.LOGGING_CONFIG)
+    # After uvicorn configured its loggers: tokens in WebSocket URLs must never reach a log.
+    logredact.install()
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then restores the previous handlers and
     # raises the signal again. A stop that was asked for is a clean exit: let the re-raised
     # SIGTERM land on a handler that does nothing (SIGINT becomes KeyboardInterrupt, caught below).
@@ -146,7 +149,11 @@ def cmd_token(args: argparse.Namespace) -> int:
     if not secret:
         print("voxroom token: set VOXROOM_JWT_SECRET or pass --secret", file=sys.stderr)
         return 2
-    print(tokens.mint(secret, args.room, args.role, ttl_s=args.ttl, subject=args.subject))
+    try:
+        print(tokens.mint(secret, args.room, args.role, ttl_s=args.ttl, subject=args.subject))
+    except ValueError as exc:
+        print(f"voxroom token: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

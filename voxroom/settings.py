@@ -75,6 +75,9 @@ class Settings:
     bound on buffered audio (memory), not on synthesis: at most this many rooms play from one context."""
     claim_idle_ms: int = 5_000
     """An utterance pending this long on a dead consumer is claimed by another worker."""
+    max_utterance_ms: int = 60_000
+    """One utterance's audio is cut after this long (what a 500-character line of prose takes is
+    about 35 s): a hostile line of symbols cannot hold a context, and its room, for minutes."""
     order_wait_ms: int = 30_000
     """How long an utterance waits for its predecessor in the room before skipping past it."""
     lead_ms: int = 120

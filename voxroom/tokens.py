@@ -19,6 +19,9 @@ from voxroom.errors import VoxroomError
 Role = Literal["speaker", "listener"]
 ALGORITHM = "HS256"
 MIN_SECRET_BYTES = 32  # HS256 with a shorter key is guessable; PyJWT warns below this too
+SELF_CHOSEN_PREFIX = "c-"
+"""Client ids a client picks itself (``?client=``) get this prefix when auth is on; token subjects
+may not start with it, so a self-chosen id can never equal one a token vouches for."""
 
 
 class TokenError(VoxroomError):
@@ -41,6 +44,8 @@ def mint(secret: str, room: str, role: Role, *, ttl_s: int = 3600, subject: str 
          now: float | None = None) -> str:
     if role not in ("speaker", "listener"):
         raise ValueError("role must be speaker or listener")
+    if subject and subject.startswith(SELF_CHOSEN_PREFIX):
+        raise ValueError(f"a token subject may not start with {SELF_CHOSEN_PREFIX!r} (self-chosen client ids)")
     issued = int(now if now is not None else time.time())
     claims: dict[str, object] = {"room": room, "role": role, "iat": issued, "exp": issued + ttl_s}
     if subject:
@@ -68,4 +73,6 @@ def verify(secret: str, token: str | None, room: str) -> Grant:
     if role not in ("speaker", "listener"):
         raise TokenError("token role must be speaker or listener")
     sub = claims.get("sub")
+    if isinstance(sub, str) and sub.startswith(SELF_CHOSEN_PREFIX):
+        raise TokenError(f"token subject may not start with {SELF_CHOSEN_PREFIX!r}")
     return Grant(room=room, role=role, subject=sub if isinstance(sub, str) else None)

@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
+
 from voxroom.errors import EngineError
 from voxroom.voices import Catalog
 from workers.cache import AudioCache, fingerprint, to_slices
@@ -32,7 +34,8 @@ log = logging.getLogger("voxroom.worker.context")
 
 class Context:
     def __init__(self, name: str, device: str, engines: dict[str, Engine], catalog: Catalog, *,
-                 queue_size: int = 4, inflight: int = 64, batch_window_ms: float = 15.0) -> None:
+                 queue_size: int = 4, inflight: int = 64, batch_window_ms: float = 15.0,
+                 max_slices: int = MAX_UTTERANCE_SLICES) -> None:
         self.name = name
         self.device = device
         self.engines = engines
@@ -42,6 +45,9 @@ class Context:
         self.active = 0
         """Jobs taken off the queue and not yet published."""
         self.batch_window_s = batch_window_ms / 1000.0
+        self.max_slices = min(max_slices, MAX_UTTERANCE_SLICES)
+        """One utterance's audio is cut here: 500 characters of symbols would otherwise make
+        minutes of audio and hold this context (and the room) for all of it."""
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"vx-{name}")
         self._slots = asyncio.Semaphore(inflight)
         self.synth_seconds = 0.0
@@ -213,8 +219,13 @@ class Context:
         if utt.engine_first_chunk_ms is None:
             utt.engine_first_chunk_ms = (time.perf_counter() - started) * 1000.0
         for piece in slicer.push(pcm):  # type: ignore[arg-type]
-            if utt.slices.produced >= MAX_UTTERANCE_SLICES:
-                utt.cancel.set()  # a runaway engine: cut it, keep what we have
+            if utt.slices.produced >= self.max_slices - 1:
+                # Too long (a runaway engine or a hostile line): end here, faded so the cut does
+                # not click, and stop the engine.
+                fade = np.linspace(1.0, 0.0, piece.size, dtype=np.float32)
+                utt.slices.put((piece.astype(np.float32) * fade).astype(np.int16))
+                utt.cancel.set()
+                log.warning("room %s utterance %d cut at %d slices", utt.job.room, utt.job.seq, self.max_slices)
                 return
             utt.slices.put(piece)
             if tee is not None:

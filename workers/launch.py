@@ -8,6 +8,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from voxroom.errors import ConfigError
+from voxroom.protocol import SLICE_MS
 from voxroom.settings import Settings
 from voxroom.voices import Catalog, Voice
 from workers.engines.base import Engine
@@ -99,7 +100,8 @@ def build_worker(settings: Settings, redis: Redis, *, catalog: Catalog | None = 
 
     pool = ContextPool(detect_devices(settings.cpu_contexts), make_engines, served,
                        queue_size=settings.context_queue, inflight=settings.context_inflight,
-                       batch_window_ms=settings.batch_window_ms)
+                       batch_window_ms=settings.batch_window_ms,
+                       max_slices=settings.max_utterance_ms // SLICE_MS)
     worker = Worker(redis, pool, served, lead_ms=settings.lead_ms, order_wait_ms=settings.order_wait_ms,
                     claim_idle_ms=settings.claim_idle_ms, output_maxlen=settings.output_stream_maxlen,
                     opus_bitrate=settings.opus_bitrate, cache_slots=settings.cache_slots,

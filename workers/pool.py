@@ -31,10 +31,11 @@ def detect_devices(cpu_contexts: int) -> list[str]:
 
 class ContextPool:
     def __init__(self, devices: list[str], make_engines: EngineFactory, catalog: Catalog, *,
-                 queue_size: int = 4, inflight: int = 64, batch_window_ms: float = 15.0) -> None:
+                 queue_size: int = 4, inflight: int = 64, batch_window_ms: float = 15.0,
+                 max_slices: int = 4096) -> None:
         self.contexts = [
             Context(f"{device}#{i}", device, make_engines(device), catalog, queue_size=queue_size,
-                    inflight=inflight, batch_window_ms=batch_window_ms)
+                    inflight=inflight, batch_window_ms=batch_window_ms, max_slices=max_slices)
             for i, device in enumerate(devices)
         ]
 

@@ -57,9 +57,10 @@ async def test_a_listener_that_stops_reading_never_stalls_its_room(stack: Stack,
             sock.close()
 
 
-async def test_a_full_room_answers_busy_with_retry_after(redis_server: RedisServer, tmp_path: Path) -> None:
-    worker = start_worker(redis_server.url, tmp_path)
-    gateway, port = start_gateway(redis_server.url, tmp_path, VOXROOM_MAX_PENDING_PER_ROOM="3")
+async def test_a_full_room_answers_busy_with_retry_after(tmp_path: Path) -> None:
+    redis = RedisServer().start()  # its own: only the worker we pause may take the lines
+    worker = start_worker(redis.url, tmp_path)
+    gateway, port = start_gateway(redis.url, tmp_path, VOXROOM_MAX_PENDING_PER_ROOM="3")
     try:
         async with RoomClient(port, "crowded") as client:
             os.kill(worker.pid, signal.SIGSTOP)  # nothing plays, so the backlog only grows
@@ -80,3 +81,24 @@ async def test_a_full_room_answers_busy_with_retry_after(redis_server: RedisServ
     finally:
         gateway.stop()
         worker.stop()
+        redis.stop()
+
+
+async def test_a_line_too_long_to_speak_is_cut_faded_and_frees_the_room(tmp_path: Path) -> None:
+    # Its own Redis: the session's shared worker (no cut) must not be the one that takes the line.
+    redis = RedisServer().start()
+    worker = start_worker(redis.url, tmp_path, VOXROOM_MAX_UTTERANCE_MS="2000")
+    gateway, port = start_gateway(redis.url, tmp_path)
+    try:
+        async with RoomClient(port, "hostile") as client:
+            await client.say("% & * # @ ! " * 40, voice="en-espeak")  # minutes of symbol names
+            await client.say("The next line still plays.", voice="en-espeak")
+            ends = await client.wait_ends(2, timeout=30)
+        assert ends[0]["chunks"] == 2000 // 40, "cut at VOXROOM_MAX_UTTERANCE_MS"
+        tail = client.got.audio(1)[-40:].astype(float)
+        assert abs(tail).max() < 400, "the cut is faded out, not a click"
+        assert ends[1]["status"] == "ok" and ends[1]["chunks"] > 10
+    finally:
+        gateway.stop()
+        worker.stop()
+        redis.stop()

@@ -1,0 +1,35 @@
+"""Token rules that need no server: subjects, expiry, the redaction of tokens from logs."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from voxroom import logredact, tokens
+
+SECRET = "s" * 32
+
+
+def test_a_subject_in_the_self_chosen_namespace_is_refused_both_ways() -> None:
+    with pytest.raises(ValueError, match="may not start"):
+        tokens.mint(SECRET, "r", "speaker", subject="c-alice")
+    import jwt
+
+    forged = jwt.encode({"room": "r", "role": "speaker", "exp": 2**40, "sub": "c-alice"}, SECRET, algorithm="HS256")
+    with pytest.raises(tokens.TokenError, match="may not start"):
+        tokens.verify(SECRET, forged, "r")
+
+
+def test_grants() -> None:
+    grant = tokens.verify(SECRET, tokens.mint(SECRET, "*", "listener", subject="bob"), "any-room")
+    assert (grant.room, grant.role, grant.subject, grant.can_speak) == ("any-room", "listener", "bob", False)
+    with pytest.raises(tokens.TokenError, match="expired"):
+        tokens.verify(SECRET, tokens.mint(SECRET, "r", "speaker", ttl_s=-10), "r")
+
+
+def test_the_log_filter_redacts_tokens_in_messages_and_arguments() -> None:
+    record = logging.LogRecord("uvicorn.error", logging.INFO, __file__, 1, '%s - "WebSocket %s" [accepted]',
+                               ("127.0.0.1:5", "/rooms/r/ws?client=a&token=eyJabc.def.ghi&codec=opus"), None)
+    assert logredact.RedactTokens().filter(record)
+    assert record.getMessage() == '127.0.0.1:5 - "WebSocket /rooms/r/ws?client=a&token=[redacted]&codec=opus" [accepted]'
