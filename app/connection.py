@@ -22,6 +22,10 @@ log = logging.getLogger("voxroom.gateway.connection")
 
 
 class ClientConnection:
+    # Thousands of these live in one process: no per-instance __dict__.
+    __slots__ = ("_closed", "_queue", "_ready", "client_id", "codec", "dropped_audio", "joined_at", "limit",
+                 "overflowed", "room", "sent_audio", "websocket")
+
     def __init__(self, websocket: WebSocket, *, room: str, client_id: str, limit: int = 50,
                  codec: int = CODEC_PCM16) -> None:
         self.websocket = websocket

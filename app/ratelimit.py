@@ -7,6 +7,8 @@ class TokenBucket:
     """``rate`` tokens a second, at most ``burst`` saved up. Not thread-safe (one connection is
     one coroutine's business)."""
 
+    __slots__ = ("_at", "_tokens", "burst", "rate")
+
     def __init__(self, rate: float, burst: float, now: float) -> None:
         self.rate = rate
         self.burst = burst

@@ -75,6 +75,8 @@ async def _close(websocket: WebSocket, code: int, reason: str) -> None:
 class _Limits:
     """The connection's token buckets and its count of frames refused in a row."""
 
+    __slots__ = ("flood_close_after", "frames", "refused_in_row", "says")
+
     def __init__(self, state: GatewayState) -> None:
         now = time.monotonic()
         s = state.settings
@@ -88,12 +90,12 @@ async def _receive_loop(websocket: WebSocket, conn: ClientConnection, state: Gat
                         writer: asyncio.Task[None], grant: Grant) -> None:
     limits = _Limits(state)
     while True:
-        receive = asyncio.ensure_future(websocket.receive())
-        done, _ = await asyncio.wait([receive, writer], return_when=asyncio.FIRST_COMPLETED)
-        if receive not in done:  # the writer ended: socket gone or client hopelessly slow
-            receive.cancel()
-            return
-        message = receive.result()
+        # A plain await, no task per message: idle sockets are most of a gateway's memory. When the
+        # writer gives up (socket gone, or a hopeless client closed with 1013) this receive ends too.
+        message = await websocket.receive()
+        # receive() does not suspend while frames are buffered: yield once per frame so that a
+        # flooding client cannot monopolise the loop (its own writer and every other room run too).
+        await asyncio.sleep(0)
         if message["type"] == "websocket.disconnect":
             return
         data = message.get("text")
@@ -105,7 +107,7 @@ async def _receive_loop(websocket: WebSocket, conn: ClientConnection, state: Gat
                 limits.refused_in_row += 1
                 if limits.refused_in_row >= limits.flood_close_after:
                     log.warning("client %s in room %s flooded the gateway; closing", conn.client_id, conn.room)
-                    conn.close()
+                    await _drain(conn, writer)
                     await _close(websocket, CloseCode.POLICY_VIOLATION, "flood: too many frames")
                     # Return, not raise: an exception out of the endpoint makes uvicorn log a
                     # 40-line traceback per close, which a hostile client could repeat at will.
@@ -118,11 +120,18 @@ async def _receive_loop(websocket: WebSocket, conn: ClientConnection, state: Gat
         except ProtocolError as exc:
             metrics.ERRORS.labels(exc.code).inc()
             if exc.fatal:
-                conn.close()
+                await _drain(conn, writer)
                 await _close(websocket, CloseCode.UNSUPPORTED_DATA, exc.message[:120])
                 return
             conn.send_text(protocol.encode_server_message(
                 protocol.error_message(exc.code, exc.message, seq=exc.seq, retry_after_ms=exc.retry_after_ms)))
+
+
+async def _drain(conn: ClientConnection, writer: asyncio.Task[None], timeout_s: float = 1.0) -> None:
+    """Stop queueing and let the writer send what is queued (answers to frames already read)
+    before the close frame; a client too slow for that within ``timeout_s`` loses the rest."""
+    conn.close()
+    await asyncio.wait([writer], timeout=timeout_s)
 
 
 async def _handle(msg: protocol.ClientMessage, conn: ClientConnection, state: GatewayState, grant: Grant,
