@@ -55,9 +55,11 @@ async def one_round(port: int, rooms: int, round_no: int, clients: list[RoomClie
         sent.append(time.time() * 1000)
         await client.say(f"{TEXT} {round_no}-{i}", voice=VOICE)
     await asyncio.gather(*(c.wait_for(lambda g, n=round_no: len(g.ends()) >= n, 30) for c in clients))
-    # ``end`` arrives lead_ms before the audio finishes playing; a `say` sent before that is
-    # scheduled after it (gapless), which would count the room's own playback as latency.
-    await asyncio.sleep(0.25)
+    # ``end`` arrives before the audio finishes playing; a `say` sent before the room is quiet is
+    # scheduled after it (gapless), which would count the room's own playback as latency. Wait
+    # until every room's audio has played (its start pts + duration), on the same clock.
+    plays_until = max(c.got.of("start")[-1]["pts_ms"] + c.got.ends()[-1]["duration_ms"] for c in clients)
+    await asyncio.sleep(max(0.0, plays_until - time.time() * 1000) / 1000 + 0.05)
     out = []
     for t_sent, client in zip(sent, clients, strict=True):
         idx = next(i for i, f in enumerate(client.got.frames) if f.seq == round_no and f.chunk == 0)

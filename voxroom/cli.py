@@ -57,6 +57,9 @@ def _run_gateway(settings: Settings) -> None:
     config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
                             log_level=settings.log_level.lower(), ws_max_size=64 * 1024,
                             ws_ping_interval=20.0, ws_ping_timeout=20.0, timeout_graceful_shutdown=5,
+                            # PCM and Opus do not compress; deflating every frame cost a third of
+                            # the gateway's CPU in the fan-out profile (docs/benchmarks.md).
+                            ws_per_message_deflate=False,
                             lifespan="on",
                             # JSON logs: uvicorn's loggers propagate to the root handler instead.
                             log_config=None if settings.log_format == "json" else uvicorn.config.LOGGING_CONFIG)
