@@ -24,6 +24,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from app.connection import ClientConnection
 from voxroom import keys, metrics
+from voxroom.backoff import REDIS_DOWN, Backoff
 from voxroom.protocol import CODEC_OPUS, ROOM_RATE
 
 log = logging.getLogger("voxroom.gateway.hub")
@@ -74,19 +75,19 @@ class _Reader:
 
     async def run(self) -> None:
         redis = self.hub.redis
-        backoff = 0.1
-        self._wake_cursor = await _tail(redis, self.wake_key)
+        backoff = Backoff()
+        self._wake_cursor = "$"  # anything added to the wake stream from now on
         while True:
             streams: dict[Any, Any] = {keys.room_output(r): c for r, c in self.cursors.items()}
             streams[self.wake_key] = self._wake_cursor
             try:
                 # Blocks well under redis-py's socket timeout (5 s): a quiet room is not an error.
                 resp: Any = await redis.xread(streams, count=READ_COUNT, block=READ_BLOCK_MS)
-                backoff = 0.1
-            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-                log.warning("hub reader %d: redis unavailable (%s); retrying in %.1f s", self.index, exc, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                backoff.reset()
+            except REDIS_DOWN as exc:
+                log.warning("hub reader %d: redis unavailable (%s); retrying in %.1f s", self.index, exc,
+                            backoff.delay)
+                await backoff.wait()
                 continue
             for stream, entries in resp or []:
                 name = stream.decode() if isinstance(stream, bytes) else stream

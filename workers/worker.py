@@ -26,6 +26,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from voxroom import keys
+from voxroom.backoff import REDIS_DOWN, Backoff
 from voxroom.clock import RoomClock
 from voxroom.metrics import context_fields
 from voxroom.voices import Catalog
@@ -131,7 +132,7 @@ class Worker:
     # -- intake ----------------------------------------------------------------------------------
 
     async def _read_loop(self) -> None:
-        backoff = 0.1
+        backoff = Backoff()
         while True:
             free = self.pool.free()
             if free == 0:
@@ -140,11 +141,10 @@ class Worker:
                 continue
             try:
                 jobs = await self.bus.read_jobs(count=free, block_ms=2000)
-                backoff = 0.1
-            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-                log.warning("worker %s: redis unavailable (%s); retrying in %.1f s", self.id, exc, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                backoff.reset()
+            except REDIS_DOWN as exc:
+                log.warning("worker %s: redis unavailable (%s); retrying in %.1f s", self.id, exc, backoff.delay)
+                await backoff.wait()
                 continue
             except ResponseError as exc:
                 if "NOGROUP" not in str(exc):
