@@ -65,7 +65,6 @@ class _Reader:
         self.wake_key = keys.gateway_wake(hub.gateway_id, index)
         self.cursors: dict[str, str] = {}
         self.task: asyncio.Task[None] | None = None
-        self._wake_cursor = "0-0"
 
     async def wake(self) -> None:
         pipe = self.hub.redis.pipeline(transaction=False)
@@ -76,11 +75,16 @@ class _Reader:
     async def run(self) -> None:
         redis = self.hub.redis
         backoff = Backoff()
-        self._wake_cursor = "$"  # anything added to the wake stream from now on
+        wake_cursor: str | None = None
         while True:
-            streams: dict[Any, Any] = {keys.room_output(r): c for r, c in self.cursors.items()}
-            streams[self.wake_key] = self._wake_cursor
             try:
+                if wake_cursor is None:
+                    # An explicit id, not "$": a wake written between building the stream list and
+                    # the XREAD reaching Redis must still be returned, or a joining room waits a
+                    # whole block for its first read.
+                    wake_cursor = await _tail(redis, self.wake_key)
+                streams: dict[Any, Any] = {keys.room_output(r): c for r, c in self.cursors.items()}
+                streams[self.wake_key] = wake_cursor
                 # Blocks well under redis-py's socket timeout (5 s): a quiet room is not an error.
                 resp: Any = await redis.xread(streams, count=READ_COUNT, block=READ_BLOCK_MS)
                 backoff.reset()
@@ -94,7 +98,7 @@ class _Reader:
                 last = entries[-1][0]
                 last = last.decode() if isinstance(last, bytes) else last
                 if name == self.wake_key:
-                    self._wake_cursor = last
+                    wake_cursor = last
                     continue
                 room = name[len(keys.PREFIX) + len(":room:"):-len(":out")]
                 if room in self.cursors:
