@@ -15,7 +15,6 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from redis.asyncio import Redis
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
@@ -29,8 +28,9 @@ from app.ingress import Ingress
 from app.metrics import metrics_endpoint
 from app.state import GatewayState
 from app.ws import room_endpoint
-from voxroom import tokens
+from voxroom import redis_client, tokens
 from voxroom.errors import ConfigError
+from voxroom.gc_tuning import freeze_startup_objects
 from voxroom.protocol import CloseCode
 from voxroom.settings import Settings
 from voxroom.voices import Catalog
@@ -80,8 +80,8 @@ def create_app(settings: Settings, *, catalog: Catalog | None = None) -> Starlet
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         url = settings.redis_url or "redis://127.0.0.1:6379/0"
-        text_redis = Redis.from_url(url, decode_responses=True)
-        bytes_redis = Redis.from_url(url, decode_responses=False)
+        text_redis = redis_client.from_url(url, decode_responses=True)
+        bytes_redis = redis_client.from_url(url, decode_responses=False)
         gateway_id = f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
         directory = WorkerDirectory(text_redis)
         state = GatewayState(
@@ -96,6 +96,7 @@ def create_app(settings: Settings, *, catalog: Catalog | None = None) -> Starlet
             await directory.refresh()
         directory_task = asyncio.create_task(directory.run(), name="gateway:directory")
         opus_task = asyncio.create_task(state.hub.keep_opus_demand(), name="gateway:opus-demand")
+        freeze_startup_objects()
         log.info("gateway %s up (redis %s)", gateway_id, url)
         try:
             yield
@@ -109,6 +110,7 @@ def create_app(settings: Settings, *, catalog: Catalog | None = None) -> Starlet
             opus_task.cancel()
             await asyncio.gather(directory_task, opus_task, return_exceptions=True)
             await state.hub.close()
+            await state.ingress.aclose()
             await text_redis.aclose()
             await bytes_redis.aclose()
             log.info("gateway %s stopped", gateway_id)

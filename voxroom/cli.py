@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -78,11 +79,10 @@ def _run_gateway(settings: Settings) -> None:
 
 
 async def _worker_main(settings: Settings) -> None:
-    from redis.asyncio import Redis
-
+    from voxroom import redis_client
     from workers.launch import build_worker
 
-    redis = Redis.from_url(settings.redis_url or "redis://127.0.0.1:6379/0", decode_responses=True)
+    redis = redis_client.from_url(settings.redis_url or "redis://127.0.0.1:6379/0", decode_responses=True)
     worker = build_worker(settings, redis)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -104,8 +104,20 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     settings = _settings(args)
     _logging(settings)
-    asyncio.run(_worker_main(settings))
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        runner.run(_worker_main(settings))
     return 0
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop where it is installed (it comes with ``uvicorn[standard]``, as for the gateway):
+    its callbacks, timers and socket reads cost a fraction of asyncio's, which is most of what a
+    worker's loop does per slice. Plain asyncio otherwise."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

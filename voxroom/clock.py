@@ -9,6 +9,7 @@ steps the wall clock, so a :class:`RoomClock` reads the wall clock once and then
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 
 
@@ -19,8 +20,19 @@ class RoomClock:
     def now_ms(self) -> float:
         return time.monotonic() * 1000.0 + self._offset_ms
 
-    async def sleep_until(self, t_ms: float) -> None:
-        """Sleep until room-clock time ``t_ms`` (returns at once when it has passed)."""
+    async def sleep_until(self, t_ms: float, *, tick_ms: float = 0.0) -> None:
+        """Sleep until room-clock time ``t_ms`` (returns at once when it has passed).
+
+        ``tick_ms`` > 0 rounds the wake-up up to the next multiple of ``tick_ms`` on the
+        monotonic clock, so that everything due within one tick wakes in the same loop turn:
+        a worker pacing 100 rooms then publishes their slices as one pipeline per tick
+        (voxroom/autopipe.py) instead of 2,500 lone round trips a second."""
         delay = (t_ms - self.now_ms()) / 1000.0
-        if delay > 0:
-            await asyncio.sleep(delay)
+        if delay <= 0:
+            return
+        if tick_ms > 0:
+            loop = asyncio.get_running_loop()
+            tick_s = tick_ms / 1000.0
+            wake = math.ceil((loop.time() + delay) / tick_s) * tick_s
+            delay = wake - loop.time()
+        await asyncio.sleep(delay)

@@ -201,6 +201,8 @@ _WORKER_COUNTERS = {  # the audio cache (workers/cache.py): hit rate = hits / (h
     "cache.stores": ("voxroom_cache_stores", "Utterances written to the audio cache."),
     "cache.bytes_served": ("voxroom_cache_served_bytes", "PCM bytes published from the audio cache."),
     "cache.bytes_stored": ("voxroom_cache_stored_bytes", "PCM bytes written to the audio cache."),
+    "cache.dropped_stores": ("voxroom_cache_dropped_stores",
+                             "Cache stores given up because the store queue (256) was full."),
 }
 _CONTEXT_FIGURES = {
     "rtf": ("voxroom_context_rtf", "Real-time factor of one synthesis context since it started (heartbeat)."),

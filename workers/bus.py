@@ -13,6 +13,7 @@ from redis.asyncio import ConnectionPool, Redis
 from redis.exceptions import ResponseError
 
 from voxroom import keys
+from voxroom.autopipe import AutoPipeline
 from workers.job import Job
 
 log = logging.getLogger("voxroom.worker.bus")
@@ -39,6 +40,9 @@ class WorkerBus:
                                                         **raw_kwargs))
         self.consumer = consumer
         self.output_maxlen = output_maxlen
+        # The per-utterance commands (turn checks, slices, ends, acks) of every room this worker
+        # publishes share pipelines (voxroom/autopipe.py); the blocking reads keep their own.
+        self.auto = AutoPipeline(redis)
 
     async def ensure_group(self) -> None:
         try:
@@ -68,7 +72,7 @@ class WorkerBus:
             await self.redis.xclaim(keys.JOBS, keys.JOBS_GROUP, self.consumer, 0, ids, justid=True)
 
     async def ack(self, entry_id: str) -> None:
-        await self.redis.xack(keys.JOBS, keys.JOBS_GROUP, entry_id)
+        await self.auto.call("XACK", keys.JOBS, keys.JOBS_GROUP, entry_id)
 
     async def _parse(self, entries: list[Any]) -> list[Job]:
         jobs = []
@@ -87,10 +91,9 @@ class WorkerBus:
 
     async def room_turn(self, room: str) -> Turn:
         """Where the room's playback stands, and whether any client wants Opus (one round trip)."""
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hmget(keys.room_state(room), ["next", "end_ms", "started"])
-        pipe.exists(keys.room_opus_demand(room))
-        (nxt, end_ms, started), opus = await pipe.execute()
+        (nxt, end_ms, started), opus = await self.auto.group([
+            ("HMGET", keys.room_state(room), "next", "end_ms", "started"),
+            ("EXISTS", keys.room_opus_demand(room))])
         return Turn(int(nxt or 1), float(end_ms or 0.0), int(started or 0), bool(opus))
 
     async def output_tail(self, room: str) -> str:
@@ -105,6 +108,7 @@ class WorkerBus:
         return after_id
 
     async def close(self) -> None:
+        await self.auto.aclose()
         await self.raw.aclose()
 
     async def skip_to(self, room: str, seq: int) -> None:
@@ -117,12 +121,16 @@ class WorkerBus:
 
     async def publish(self, room: str, entries: list[dict[Any, Any]], *, started: int | None = None) -> None:
         """Append output entries; ``started``: also record that this seq's start went out."""
-        pipe = self.redis.pipeline(transaction=False)
+        stream = keys.room_output(room)
+        commands: list[list[Any]] = []
         for fields in entries:
-            pipe.xadd(keys.room_output(room), fields, maxlen=self.output_maxlen, approximate=True)
+            command: list[Any] = ["XADD", stream, "MAXLEN", "~", self.output_maxlen, "*"]
+            for name, value in fields.items():
+                command += (name, value)
+            commands.append(command)
         if started is not None:
-            pipe.hset(keys.room_state(room), "started", started)
-        await pipe.execute()
+            commands.append(["HSET", keys.room_state(room), "started", started])
+        await self.auto.group(commands)
 
     async def finish(self, room: str, seq: int, end_fields: dict[str, Any], end_ms: float) -> None:
         """Publish the ``end`` entry and pass the room's turn on, atomically. ``next`` and ``end_ms``
@@ -130,8 +138,10 @@ class WorkerBus:
         flat: list[Any] = []
         for name, value in end_fields.items():
             flat += [name, value]
-        await self.redis.eval(_FINISH, 2, keys.room_output(room), keys.room_state(room),
-                              seq + 1, f"{end_ms:.3f}", self.output_maxlen, *flat)
+        # EVAL, not EVALSHA: Redis caches the compiled script by its digest either way, and a
+        # Redis that restarted empty needs no NOSCRIPT round trip.
+        await self.auto.call("EVAL", _FINISH, 2, keys.room_output(room), keys.room_state(room),
+                             seq + 1, f"{end_ms:.3f}", self.output_maxlen, *flat)
 
     async def heartbeat(self, worker_id: str, fields: dict[Any, Any], ttl_s: int) -> None:
         key = keys.worker_heartbeat(worker_id)

@@ -107,10 +107,7 @@ class Context:
             if exc is not None:  # _synthesize catches engine errors; this is a bug, keep serving
                 log.error("context %s synthesis crashed", self.name, exc_info=exc)
             elif self.cache is not None:
-                try:
-                    await self._store(engine, batch, future.result())
-                except Exception:  # as for lookups: never the runner
-                    log.exception("context %s: audio cache store failed", self.name)
+                self._store(engine, batch, future.result())
 
     def _fingerprint(self, engine: Engine, utt: Utterance) -> str:
         request = self._request(utt)
@@ -132,17 +129,16 @@ class Context:
             return False
         on_started(utt)
         utt.engine_first_chunk_ms = 0.0
-        for piece in to_slices(pcm):
-            utt.slices.put(piece)
+        utt.slices.extend(to_slices(pcm))
         utt.slices.close()
         return True
 
-    async def _store(self, engine: Engine, batch: Sequence[Utterance], kept: list[list[Slice]]) -> None:
+    def _store(self, engine: Engine, batch: Sequence[Utterance], pcms: list[bytes]) -> None:
         assert self.cache is not None
-        for utt, slices in zip(batch, kept, strict=True):
+        for utt, pcm in zip(batch, pcms, strict=True):
             # A failed, cancelled or cut-short utterance is not the line's audio: never cache it.
-            if utt.error is None and not utt.cancel.is_set() and slices:
-                await self.cache.put(self._fingerprint(engine, utt), b"".join(s.tobytes() for s in slices))
+            if utt.error is None and not utt.cancel.is_set() and pcm:
+                self.cache.store_later(self._fingerprint(engine, utt), pcm)
 
     async def _gather_batch(self, engine: Engine, first: Utterance) -> list[Utterance]:
         """More jobs for the same engine that arrive within the batch window."""
@@ -181,8 +177,8 @@ class Context:
 
     # -- on the context thread -------------------------------------------------------------------
 
-    def _synthesize(self, engine: Engine, batch: Sequence[Utterance]) -> list[list[Slice]]:
-        """Returns every utterance's slices when the cache wants them (kept by reference, not copied)."""
+    def _synthesize(self, engine: Engine, batch: Sequence[Utterance]) -> list[bytes]:
+        """Returns every utterance's PCM when the cache wants it (joined here, off the loop)."""
         started = time.perf_counter()
         for utt in batch:
             utt.synth_started_ms = time.time() * 1000.0
@@ -204,13 +200,13 @@ class Context:
         finally:
             for utt, slicer, mine in zip(batch, slicers, kept, strict=True):
                 if not utt.cancel.is_set():
-                    for piece in slicer.flush():
-                        utt.slices.put(piece)
-                        mine.append(piece)
+                    tail = slicer.flush()
+                    utt.slices.extend(tail)
+                    mine += tail
                 utt.slices.close()
                 self.audio_seconds += slicer.total_samples / slicer.out_rate
             self.synth_seconds += time.perf_counter() - started
-        return kept
+        return [b"".join(s.tobytes() for s in mine) if tee is not None else b"" for mine in kept]
 
     def _feed(self, utt: Utterance, slicer: Slicer, pcm: object, started: float,
               tee: list[Slice] | None = None) -> None:
@@ -218,18 +214,22 @@ class Context:
             return
         if utt.engine_first_chunk_ms is None:
             utt.engine_first_chunk_ms = (time.perf_counter() - started) * 1000.0
-        for piece in slicer.push(pcm):  # type: ignore[arg-type]
-            if utt.slices.produced >= self.max_slices - 1:
-                # Too long (a runaway engine or a hostile line): end here, faded so the cut does
-                # not click, and stop the engine.
-                fade = np.linspace(1.0, 0.0, piece.size, dtype=np.float32)
-                utt.slices.put((piece.astype(np.float32) * fade).astype(np.int16))
-                utt.cancel.set()
-                log.warning("room %s utterance %d cut at %d slices", utt.job.room, utt.job.seq, self.max_slices)
-                return
-            utt.slices.put(piece)
-            if tee is not None:
-                tee.append(piece)
+        pieces = slicer.push(pcm)  # type: ignore[arg-type]
+        room_left = self.max_slices - 1 - utt.slices.produced
+        if len(pieces) > room_left:
+            # Too long (a runaway engine or a hostile line): end here, faded so the cut does not
+            # click, and stop the engine.
+            pieces = pieces[:max(0, room_left) + 1]
+            fade = np.linspace(1.0, 0.0, pieces[-1].size, dtype=np.float32)
+            pieces[-1] = (pieces[-1].astype(np.float32) * fade).astype(np.int16)
+            utt.slices.extend(pieces)
+            utt.cancel.set()
+            log.warning("room %s utterance %d cut at %d slices", utt.job.room, utt.job.seq, self.max_slices)
+            return
+        # One hand-over per engine chunk, not per slice (see SliceBuffer).
+        utt.slices.extend(pieces)
+        if tee is not None:
+            tee += pieces
 
     def close(self) -> None:
         for engine in self.engines.values():

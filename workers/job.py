@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,10 +40,13 @@ reaches it (and is cut there)."""
 class SliceBuffer:
     """Slices handed from a synthesis thread to the event loop.
 
-    ``put``/``close`` are called from the synthesis thread and hop onto the loop with
-    ``call_soon_threadsafe``; ``get`` and ``next_is_end`` run on the loop. It holds at most
-    :data:`MAX_UTTERANCE_SLICES` (the synthesis side stops producing there), so it never blocks the
-    thread.
+    ``put``/``extend``/``close`` are called from the synthesis thread; ``get``, ``has_next`` and
+    ``next_is_end`` run on the loop. The items live in one ``deque`` (its appends and pops are
+    atomic), and the thread wakes the loop only when no wake is already on its way: one
+    ``call_soon_threadsafe`` (a write to the loop's self-pipe, and the GIL handed over) per burst
+    of slices instead of one per slice. At 100 rooms at once that per-slice hop was a good part of
+    what the loop spent (docs/benchmarks.md). It holds at most :data:`MAX_UTTERANCE_SLICES` (the
+    synthesis side stops producing there), so it never blocks the thread.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -50,21 +54,32 @@ class SliceBuffer:
         self._items: deque[npt.NDArray[np.int16]] = deque()
         self._closed = False
         self._ready = asyncio.Event()
+        self._wake_pending = False
         self.produced = 0
 
     def put(self, item: npt.NDArray[np.int16]) -> None:
-        self.produced += 1
-        self._loop.call_soon_threadsafe(self._put, item)
+        self.extend((item,))
+
+    def extend(self, items: Sequence[npt.NDArray[np.int16]]) -> None:
+        if not items:
+            return
+        self.produced += len(items)
+        self._items.extend(items)
+        self._wake()
 
     def close(self) -> None:
-        self._loop.call_soon_threadsafe(self._close)
-
-    def _put(self, item: npt.NDArray[np.int16]) -> None:
-        self._items.append(item)
-        self._ready.set()
-
-    def _close(self) -> None:
         self._closed = True
+        self._wake()
+
+    def _wake(self) -> None:
+        # Items are appended before the flag is read, and the loop clears the flag before it looks
+        # at the items: an item is either seen by a wake already scheduled, or schedules its own.
+        if not self._wake_pending:
+            self._wake_pending = True
+            self._loop.call_soon_threadsafe(self._on_wake)
+
+    def _on_wake(self) -> None:
+        self._wake_pending = False
         self._ready.set()
 
     async def get(self) -> npt.NDArray[np.int16] | None:
@@ -80,7 +95,7 @@ class SliceBuffer:
 
     def next_is_end(self) -> bool:
         """Nothing is waiting and the producer is done: the slice just taken was the last."""
-        return not self._items and self._closed
+        return self._closed and not self._items
 
 
 @dataclass(slots=True)

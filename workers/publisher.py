@@ -24,6 +24,8 @@ from workers.job import Utterance
 
 log = logging.getLogger("voxroom.worker.publisher")
 SLICE_MS = SLICE_SAMPLES * 1000.0 / ROOM_RATE
+PACING_TICK_MS = 10.0
+"""Paced slices leave up to this much after ``pts - lead`` (the lead, 120 ms, absorbs it)."""
 UNPACED_BATCH = 64
 """Most slices in one pipelined XADD batch when publishing unpaced (about 400 kB with Opus)."""
 
@@ -115,7 +117,8 @@ async def publish_utterance(bus: WorkerBus, utt: Utterance, clock: RoomClock, *,
             next_pts = clock.now_ms() + lead_ms
             shifts += 1
         if paced:
-            await clock.sleep_until(next_pts - lead_ms)
+            # Rounded to a shared tick: rooms' slices due together leave in one pipeline.
+            await clock.sleep_until(next_pts - lead_ms, tick_ms=PACING_TICK_MS)
         frame = AudioFrame(room=job.room, seq=job.seq, chunk=chunk, pts_us=int(next_pts * 1000),
                            sample_rate=ROOM_RATE, samples=int(item.size), payload=item.tobytes(),
                            first=chunk == 0, last=utt.slices.next_is_end())

@@ -28,6 +28,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from voxroom import keys
 from voxroom.backoff import REDIS_DOWN, Backoff
 from voxroom.clock import RoomClock
+from voxroom.gc_tuning import freeze_startup_objects
 from voxroom.metrics import context_fields
 from voxroom.voices import Catalog
 from workers.bus import WorkerBus
@@ -82,6 +83,7 @@ class Worker:
         await self.bus.ensure_group()
         for ctx in self.pool.contexts:
             await ctx.load_engines(self.optional_engines)
+        freeze_startup_objects()
         log.info("worker %s ready: %d contexts (%s), engines %s", self.id, len(self.pool.contexts),
                  ", ".join(c.device for c in self.pool.contexts), sorted(self.pool.engine_names()))
         background = [self._task(ctx.run(self._on_started), f"worker:{ctx.name}:runner")
@@ -89,6 +91,8 @@ class Worker:
         background += [self._task(self._heartbeat(), "worker:heartbeat"),
                        self._task(self._keep_claimed(), "worker:keep-claimed"),
                        self._task(self._claim_stale(), "worker:claim-stale")]
+        if self.cache is not None:
+            background.append(self._task(self.cache.run_stores(), "worker:cache-stores"))
         reader = self._task(self._read_loop(), "worker:reader")
         try:
             await self._stopping.wait()

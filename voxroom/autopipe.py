@@ -1,0 +1,295 @@
+"""Automatic pipelining: the Redis commands that many tasks issue in one event-loop turn travel
+to Redis together, on one connection, and their replies come back in one read.
+
+A worker publishing 100 rooms, or a gateway taking 100 rooms' lines, issues many small commands
+at about the same moment, one per task. Through redis-py each pays a pooled connection taken and
+given back, a timeout Task, and its per-command parsing: about 80 µs a command here, and on two
+cores that cost times the rooms was most of what a burst of rooms added to their latency
+(docs/benchmarks.md). Here a command is queued, and one callback at the end of the current loop
+turn packs everything queued by then into one write. A quiet room pays nothing extra: its
+command leaves in the loop turn it was issued, alone.
+
+**One connection, true pipelining.** Writes never wait for earlier replies; Redis answers in
+order, so one reader task hands replies to their callers first in, first out (hiredis parses
+them; error replies are values, so one failing command never desynchronises the others).
+Commands of one :meth:`AutoPipeline.group` go out back to back and in order, but without MULTI:
+a group is ordered, not atomic (use a script for atomicity, as ``EVAL`` here).
+
+**Failures.** A lost connection fails every command in flight with redis-py's
+``ConnectionError`` (what the callers' retry loops already catch) and the next command
+reconnects. A reply that takes longer than ``timeout_s`` fails everything in flight the same
+way. ``max_inflight`` commands at most are sent and unanswered; callers beyond it wait for
+replies to drain (back-pressure instead of an unbounded buffer).
+
+For TLS connections (``rediss://``) the same interface runs on redis-py's own pipelines (one per
+loop turn), which keeps the batching but not the leaner path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import hiredis
+from redis.asyncio import Redis
+from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import DataError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+log = logging.getLogger("voxroom.autopipe")
+
+Command = Sequence[Any]
+"""A command as Redis reads it: ``("XADD", key, "MAXLEN", "~", 3000, "*", "field", value)``."""
+
+_Waiter = tuple[int, list[Any], "asyncio.Future[list[Any]]"]
+
+
+def pack(commands: Sequence[Command]) -> bytes:
+    """RESP for ``commands`` (bytes, str, int and float arguments)."""
+    out: list[bytes] = []
+    for command in commands:
+        out.append(b"*%d\r\n" % len(command))
+        for arg in command:
+            if isinstance(arg, bytes):
+                data = arg
+            elif isinstance(arg, str):
+                data = arg.encode()
+            elif isinstance(arg, bool):
+                raise DataError("a bool is not a Redis argument; send 0 or 1")
+            elif isinstance(arg, int):
+                data = b"%d" % arg
+            elif isinstance(arg, float):
+                data = repr(arg).encode()
+            elif isinstance(arg, (bytearray, memoryview)):
+                data = bytes(arg)
+            else:
+                raise DataError(f"cannot send {type(arg).__name__} to Redis")
+            out += (b"$%d\r\n" % len(data), data, b"\r\n")
+    return b"".join(out)
+
+
+class AutoPipeline:
+    def __init__(self, redis: Redis, *, max_batch: int = 512, max_inflight: int = 10_000,
+                 timeout_s: float = 5.0) -> None:
+        self.redis = redis
+        self.max_batch = max_batch
+        self.max_inflight = max_inflight
+        self.timeout_s = timeout_s
+        self._queued: list[tuple[Sequence[Command], asyncio.Future[list[Any]]]] = []
+        self._scheduled = False
+        pool = redis.connection_pool
+        cls = pool.connection_class
+        lean = issubclass(cls, UnixDomainSocketConnection) or (
+            issubclass(cls, Connection) and not issubclass(cls, SSLConnection))
+        self._wire: _Wire | None = _Wire(pool.connection_kwargs, timeout_s) if lean else None
+        self._batches: set[asyncio.Task[None]] = set()
+        self.batches_sent = 0
+        self.commands_sent = 0
+
+    async def call(self, *command: Any) -> Any:
+        """One command; its reply, or its error raised."""
+        return (await self.group([command]))[0]
+
+    async def group(self, commands: Sequence[Command]) -> list[Any]:
+        """Several commands, sent together and in order; their replies. The first error reply is
+        raised (after every command of the group ran, as with a redis-py pipeline)."""
+        if self._wire is not None and self._wire.inflight >= self.max_inflight:
+            await self._wire.drained()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[list[Any]] = loop.create_future()
+        self._queued.append((commands, future))
+        if not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._flush)
+        replies = await future
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        queued, self._queued = self._queued, []
+        for start in range(0, len(queued), self.max_batch):
+            batch = queued[start:start + self.max_batch]
+            self.batches_sent += 1
+            self.commands_sent += sum(len(c) for c, _ in batch)
+            if self._wire is not None:
+                self._wire.send(batch)
+            else:
+                task = asyncio.create_task(_send_redis_py(self.redis, batch), name="autopipe:batch")
+                self._batches.add(task)
+                task.add_done_callback(self._batches.discard)
+
+    async def aclose(self) -> None:
+        if self._batches:
+            await asyncio.gather(*self._batches, return_exceptions=True)
+        if self._wire is not None:
+            await self._wire.close()
+
+
+class _Wire:
+    """One connection: writes as soon as a batch exists, one reader matching replies in order."""
+
+    def __init__(self, kwargs: dict[str, Any], timeout_s: float) -> None:
+        self.kwargs = kwargs
+        self.timeout_s = timeout_s
+        self.decode = bool(kwargs.get("decode_responses"))
+        self._writer: asyncio.StreamWriter | None = None
+        self._connecting: asyncio.Task[None] | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        self._waiters: deque[_Waiter] = deque()
+        self._unsent: list[tuple[bytes, list[_Waiter]]] = []
+        self._drained = asyncio.Event()
+        self.inflight = 0
+
+    def send(self, batch: list[tuple[Sequence[Command], asyncio.Future[list[Any]]]]) -> None:
+        waiters: list[_Waiter] = []
+        try:
+            blob = pack([command for commands, _ in batch for command in commands])
+        except DataError as exc:
+            for _, future in batch:
+                future.set_exception(exc)
+            return
+        for commands, future in batch:
+            waiters.append((len(commands), [], future))
+        if self._writer is None or self._writer.is_closing():
+            self._unsent.append((blob, waiters))
+            if self._connecting is None:
+                self._connecting = asyncio.create_task(self._connect(), name="autopipe:connect")
+            return
+        self._write(blob, waiters)
+
+    def _write(self, blob: bytes, waiters: list[_Waiter]) -> None:
+        assert self._writer is not None
+        self._waiters.extend(waiters)
+        self.inflight += sum(n for n, _, _ in waiters)
+        self._drained.clear()
+        self._writer.write(blob)
+
+    async def _connect(self) -> None:
+        try:
+            async with asyncio.timeout(self.kwargs.get("socket_connect_timeout") or self.timeout_s):
+                if self.kwargs.get("path"):
+                    reader, writer = await asyncio.open_unix_connection(self.kwargs["path"])
+                else:
+                    reader, writer = await asyncio.open_connection(self.kwargs.get("host", "localhost"),
+                                                                   self.kwargs.get("port", 6379))
+                hello: list[Command] = []
+                if self.kwargs.get("password"):
+                    user = self.kwargs.get("username")
+                    hello.append(("AUTH", user, self.kwargs["password"]) if user else
+                                 ("AUTH", self.kwargs["password"]))
+                if self.kwargs.get("db"):
+                    hello.append(("SELECT", int(self.kwargs["db"])))
+                if hello:
+                    writer.write(pack(hello))
+                    parser = hiredis.Reader(replyError=ResponseError)
+                    got: list[Any] = []
+                    while len(got) < len(hello):
+                        data = await reader.read(65536)
+                        if not data:
+                            raise RedisConnectionError("connection closed during handshake")
+                        parser.feed(data)
+                        while (reply := parser.gets()) is not False:
+                            got.append(reply)
+                    for reply in got:
+                        if isinstance(reply, Exception):
+                            raise RedisConnectionError(f"redis refused the handshake: {reply}")
+        except (OSError, TimeoutError, RedisConnectionError) as exc:
+            self._connecting = None
+            error = exc if isinstance(exc, RedisConnectionError) else RedisConnectionError(
+                f"cannot connect to redis: {exc!r}")
+            unsent, self._unsent = self._unsent, []
+            for _, waiters in unsent:
+                for _, _, future in waiters:
+                    if not future.done():
+                        future.set_exception(error)
+            return
+        self._writer = writer
+        self._connecting = None
+        self._reader_task = asyncio.create_task(self._read(reader, writer), name="autopipe:reader")
+        unsent, self._unsent = self._unsent, []
+        for blob, waiters in unsent:
+            self._write(blob, waiters)
+
+    async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        parser = (hiredis.Reader(replyError=ResponseError, encoding="utf-8") if self.decode
+                  else hiredis.Reader(replyError=ResponseError))
+        error: Exception = RedisConnectionError("connection to redis closed")
+        try:
+            while True:
+                if self._waiters:
+                    try:
+                        async with asyncio.timeout(self.timeout_s):
+                            data = await reader.read(262_144)
+                    except TimeoutError:
+                        error = RedisTimeoutError(f"no reply from redis in {self.timeout_s:.0f} s")
+                        break
+                else:
+                    data = await reader.read(262_144)
+                if not data:
+                    break
+                parser.feed(data)
+                while (reply := parser.gets()) is not False:
+                    self._deliver(reply)
+        except OSError as exc:
+            error = RedisConnectionError(f"connection to redis lost: {exc!r}")
+        finally:
+            writer.close()
+            if self._writer is writer:
+                self._writer = None
+            waiters, self._waiters = self._waiters, deque()
+            self.inflight = 0
+            self._drained.set()
+            for _, _, future in waiters:
+                if not future.done():
+                    future.set_exception(error)
+
+    def _deliver(self, reply: Any) -> None:
+        expected, replies, future = self._waiters[0]
+        replies.append(reply)
+        self.inflight -= 1
+        if len(replies) == expected:
+            self._waiters.popleft()
+            if not future.done():  # a caller cancelled meanwhile gets nothing
+                future.set_result(replies)
+            if not self._waiters:
+                self._drained.set()
+
+    async def drained(self) -> None:
+        await self._drained.wait()
+
+    async def close(self) -> None:
+        if self._connecting is not None:
+            self._connecting.cancel()
+        if self._writer is not None:
+            self._writer.close()
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reader_task
+
+
+async def _send_redis_py(redis: Redis, batch: list[tuple[Sequence[Command], asyncio.Future[list[Any]]]]) -> None:
+    pipe = redis.pipeline(transaction=False)
+    for commands, _future in batch:
+        for command in commands:
+            pipe.execute_command(*command)
+    try:
+        replies = await pipe.execute(raise_on_error=False)
+    except Exception as exc:
+        for _commands, future in batch:
+            if not future.done():
+                future.set_exception(exc)
+        return
+    at = 0
+    for commands, future in batch:
+        if not future.done():
+            future.set_result(replies[at:at + len(commands)])
+        at += len(commands)

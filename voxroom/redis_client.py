@@ -1,0 +1,61 @@
+"""The Redis clients voxroom's processes use: redis-py's asyncio client, with one cost removed.
+
+redis-py (8.x) gives every connection a 5 s socket timeout and enforces it on each write with
+``asyncio.wait_for``, which on Python 3.11 wraps the write in a new Task: a Task created and
+scheduled per command, on the hot path of every slice a worker publishes and every line a gateway
+accepts. Here the same timeout is enforced with ``asyncio.timeout`` (a timer on the current task,
+no new Task); reads keep redis-py's own timeout. From Python 3.12 ``wait_for`` is built on
+``asyncio.timeout`` itself and the connections are redis-py's, unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.asyncio.connection import AbstractConnection
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+
+class _TimedWrites:
+    """Mixed in front of redis-py's connection classes (plain TCP, TLS, unix socket)."""
+
+    socket_timeout: float | None
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        timeout = self.socket_timeout
+        parent: Any = super()
+        if not timeout:
+            await parent.send_packed_command(command, check_health)
+            return
+        # With no socket timeout redis-py writes without wait_for; the timer below stands for it.
+        self.socket_timeout = None
+        try:
+            async with asyncio.timeout(timeout):
+                await parent.send_packed_command(command, check_health)
+        except TimeoutError:
+            await parent.disconnect(nowait=True)
+            raise RedisTimeoutError("Timeout writing to socket") from None
+        finally:
+            self.socket_timeout = timeout
+
+
+_classes: dict[type[AbstractConnection], type[AbstractConnection]] = {}
+
+
+def _timed(cls: type[AbstractConnection]) -> type[AbstractConnection]:
+    if issubclass(cls, _TimedWrites):
+        return cls
+    if cls not in _classes:
+        _classes[cls] = type(f"TimedWrites{cls.__name__}", (_TimedWrites, cls), {})
+    return _classes[cls]
+
+
+def from_url(url: str, **options: Any) -> Redis:
+    """``Redis.from_url`` (same URL schemes and options), with writes timed as above."""
+    client = Redis.from_url(url, **options)
+    if sys.version_info < (3, 12):
+        client.connection_pool.connection_class = _timed(client.connection_pool.connection_class)
+    return client
