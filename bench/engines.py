@@ -26,8 +26,8 @@ ENGLISH = ("The old lighthouse keeper climbed the stairs slowly every evening be
 TEXTS = {
     "en-joe": ENGLISH,
     "en-espeak": ENGLISH,
-    "cmn-espeak": "天黑请闭眼，狼人请睁眼。今晚你们要杀谁？",
-    "yue-espeak": "天黑請閉眼，狼人請睜眼。今晚你哋要殺邊個？",
+    "cmn-espeak": "天黑请闭眼，狼人请睁眼。今晚你们要杀谁？",  # noqa: RUF001 (Chinese punctuation)
+    "yue-espeak": "天黑請閉眼，狼人請睜眼。今晚你哋要殺邊個？",  # noqa: RUF001
 }
 
 
