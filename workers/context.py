@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeGuard
 
 import numpy as np
 
@@ -94,7 +95,7 @@ class Context:
                 continue
             batch = [first]
             engine = self._engine_for(first)
-            if isinstance(engine, BatchEngine) and engine.max_batch > 1:
+            if _batches(engine):
                 batch += [u for u in await self._gather_batch(engine, first)
                           if not await self._serve_cached(u, on_started)]
             for utt in batch:
@@ -186,7 +187,7 @@ class Context:
         kept: list[list[Slice]] = [[] for _ in batch]
         tee = kept if self.cache is not None else None
         try:
-            if len(batch) > 1 and isinstance(engine, BatchEngine):
+            if len(batch) > 1 and _batches(engine):
                 chunks = engine.stream_batch([self._request(u) for u in batch], [u.cancel for u in batch])
                 for row, pcm in chunks:
                     self._feed(batch[row], slicers[row], pcm, started, tee[row] if tee else None)
@@ -240,3 +241,7 @@ class Context:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 
+def _batches(engine: Engine) -> TypeGuard[BatchEngine]:
+    """A batch engine with room for more than one row. Not ``isinstance(engine, BatchEngine)``
+    per job: a runtime-checked Protocol inspects the class on every call (about 10 µs)."""
+    return getattr(engine, "max_batch", 1) > 1 and callable(getattr(engine, "stream_batch", None))

@@ -76,7 +76,10 @@ class SliceBuffer:
         # at the items: an item is either seen by a wake already scheduled, or schedules its own.
         if not self._wake_pending:
             self._wake_pending = True
-            self._loop.call_soon_threadsafe(self._on_wake)
+            try:
+                self._loop.call_soon_threadsafe(self._on_wake)
+            except RuntimeError:  # the worker is shutting down and its loop is closed: nobody listens
+                pass
 
     def _on_wake(self) -> None:
         self._wake_pending = False

@@ -38,9 +38,18 @@ class ContextPool:
                     inflight=inflight, batch_window_ms=batch_window_ms, max_slices=max_slices)
             for i, device in enumerate(devices)
         ]
+        self._served = frozenset(self.engine_names())
 
     def engine_names(self) -> set[str]:
         return set().union(*(c.engines.keys() for c in self.contexts))
+
+    def engines_loaded(self) -> None:
+        """Call once the contexts loaded their engines (an optional one may have been dropped)."""
+        self._served = frozenset(self.engine_names())
+
+    def serves(self, engine: str) -> bool:
+        """Asked for every job: a set lookup, not a union over every context."""
+        return engine in self._served
 
     def free(self) -> int:
         """How many more jobs the pool can take right now (what the worker asks Redis for)."""

@@ -83,6 +83,7 @@ class Worker:
         await self.bus.ensure_group()
         for ctx in self.pool.contexts:
             await ctx.load_engines(self.optional_engines)
+        self.pool.engines_loaded()
         freeze_startup_objects()
         log.info("worker %s ready: %d contexts (%s), engines %s", self.id, len(self.pool.contexts),
                  ", ".join(c.device for c in self.pool.contexts), sorted(self.pool.engine_names()))
@@ -164,7 +165,7 @@ class Worker:
         utt = Utterance(job=job, slices=SliceBuffer(asyncio.get_running_loop()))
         self.inflight[job.entry_id] = utt
         voice = self.catalog.get(job.voice) if job.voice in self.catalog else None
-        if voice is None or voice.engine not in self.pool.engine_names():
+        if voice is None or not self.pool.serves(voice.engine):
             # Keep the room's order moving: publish an empty, failed utterance in its turn.
             utt.error = f"voice {job.voice!r} is not served by this worker"
             utt.slices.close()
