@@ -90,6 +90,7 @@ async def measure(port: int, rooms: int, rounds: int, tag: str) -> list[float]:
 
 
 VOICE = "en-espeak"
+SYNTHETIC = {"ttfc_ms": 50.0, "rtf": 0.05}
 
 
 def _run(coro: Coroutine[Any, Any, list[float]]) -> list[float]:
@@ -106,22 +107,30 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--rooms", default="1,10,100")
-    parser.add_argument("--engines", default="espeak,synthetic", help="which of espeak,synthetic to run")
+    parser.add_argument("--engines", default="espeak,synthetic,synthetic-batch",
+                        help="which of espeak, synthetic, synthetic-batch to run")
     args = parser.parse_args()
     room_counts = [int(x) for x in args.rooms.split(",")]
     rows = []
     logs = tempfile.mkdtemp(prefix="vxbench-")  # kept: worker and gateway logs for a failed run
     with RedisServer() as redis:
-        for engine, contexts, max_rooms, options in (
-            ("espeak", 2, 10, {}),
-            ("synthetic", max(room_counts), max(room_counts), {"ttfc_ms": 50.0, "rtf": 0.05}),
+        most = max(room_counts)
+        for label, engine, contexts, max_rooms, options, env in (
+            ("espeak", "espeak", 2, 10, {}, {}),
+            # One context (thread) per room: 100 rooms are 100 devices.
+            ("synthetic", "synthetic", most, most, SYNTHETIC, {}),
+            # One context for every room, as one GPU serves them: rows join the running batch at
+            # any moment (continuous batching), one thread wakes for all of them.
+            ("synthetic-batch", "synthetic", 1, most, SYNTHETIC,
+             {"VOXROOM_SYNTHETIC_MAX_BATCH": str(max(2, most)), "VOXROOM_SYNTHETIC_CONTINUOUS": "1",
+              "VOXROOM_CONTEXT_INFLIGHT": str(max(2, most)), "VOXROOM_CONTEXT_QUEUE": str(max(4, most))}),
         ):
-            if engine not in args.engines.split(","):
+            if label not in args.engines.split(","):
                 continue
             VOICE = "en-espeak"
-            env: dict[str, str] = {}
             if engine == "synthetic":
-                env.update(VOXROOM_SYNTHETIC_TTFC_MS=str(options["ttfc_ms"]), VOXROOM_SYNTHETIC_RTF=str(options["rtf"]))
+                env = {**env, "VOXROOM_SYNTHETIC_TTFC_MS": str(options["ttfc_ms"]),
+                       "VOXROOM_SYNTHETIC_RTF": str(options["rtf"])}
             worker = start_worker(redis.url, Path(logs), engine="offline" if engine == "espeak" else engine,
                                   contexts=contexts, **env)
             gateway, port = start_gateway(redis.url, Path(logs))
@@ -134,7 +143,7 @@ def main() -> None:
                     # cost (it timestamps arrivals) is a third of asyncio's.
                     total = _run(measure(port, rooms, args.rounds, engine))
                     added = [t - ttfc for t in total]
-                    rows.append((engine, rooms, len(total), ttfc, pct(total, 50), pct(added, 50), pct(added, 95),
+                    rows.append((label, rooms, len(total), ttfc, pct(total, 50), pct(added, 50), pct(added, 95),
                                  pct(added, 99)))
             finally:
                 gateway.stop()

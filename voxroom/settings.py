@@ -108,6 +108,9 @@ class Settings:
     """Benchmark engine only: its fixed real-time factor."""
     synthetic_max_batch: int = 1
     """Benchmark engine only: >1 makes it batch requests as a GPU engine would."""
+    synthetic_continuous: bool = False
+    """Benchmark engine only, with max_batch > 1: rows join the running batch at any moment
+    (continuous batching) instead of after a batch window."""
 
     # --- voices, cache and opus (docs/voices.md, docs/api.md) ----------------------------------
     opus_bitrate: int = 24_000

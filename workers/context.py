@@ -15,9 +15,12 @@ Bounds (and what happens past them):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import queue
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeGuard
 
@@ -26,7 +29,7 @@ import numpy as np
 from voxroom.errors import EngineError
 from voxroom.voices import Catalog
 from workers.cache import AudioCache, fingerprint, to_slices
-from workers.engines.base import BatchEngine, Engine, SynthesisRequest
+from workers.engines.base import BatchEngine, ContinuousEngine, Engine, SynthesisRequest
 from workers.job import MAX_UTTERANCE_SLICES, Utterance
 from workers.slicer import Slice, Slicer
 
@@ -53,6 +56,10 @@ class Context:
         self._slots = asyncio.Semaphore(inflight)
         self.synth_seconds = 0.0
         self.audio_seconds = 0.0
+        self._continuous: dict[str, tuple[queue.SimpleQueue[Utterance | None], threading.Thread]] = {}
+        """Continuous engines' inboxes and serving threads, by engine name."""
+        self._admitting: set[asyncio.Task[None]] = set()
+        """Jobs for a continuous engine between the queue and the engine (at most ``inflight``)."""
         self.cache: AudioCache | None = None
         """Set by the worker; a hit is published without touching the engine (workers/cache.py)."""
 
@@ -91,10 +98,19 @@ class Context:
             first = await self.queue.get()
             await self._slots.acquire()
             self.active += 1
+            engine = self._engine_for(first)
+            if _continuous(engine):
+                # One runner takes every room a GPU serves: each job's cache lookup and hand-off
+                # run beside the next jobs' instead of one after the other (100 lookups in a row
+                # were 8 ms before the last room's engine started).
+                task = asyncio.create_task(self._start_continuous(engine, first, on_started),
+                                           name=f"{self.name}:admit:{first.job.room}")
+                self._admitting.add(task)
+                task.add_done_callback(self._admitting.discard)
+                continue
             if await self._serve_cached(first, on_started):
                 continue
             batch = [first]
-            engine = self._engine_for(first)
             if _batches(engine):
                 batch += [u for u in await self._gather_batch(engine, first)
                           if not await self._serve_cached(u, on_started)]
@@ -109,6 +125,86 @@ class Context:
                 log.error("context %s synthesis crashed", self.name, exc_info=exc)
             elif self.cache is not None:
                 self._store(engine, batch, future.result())
+
+    # -- continuous engines ----------------------------------------------------------------------
+
+    async def _start_continuous(self, engine: ContinuousEngine, utt: Utterance,
+                                on_started: Callable[[Utterance], None]) -> None:
+        if await self._serve_cached(utt, on_started):
+            return
+        on_started(utt)
+        self._admit(engine, utt)
+
+    def _admit(self, engine: ContinuousEngine, utt: Utterance) -> None:
+        """Hand ``utt`` to the engine's serving thread (started on first use): it joins the
+        running batch at the engine's next step. No await: the runner takes the next job at once."""
+        served = self._continuous.get(engine.name)
+        if served is None or not served[1].is_alive():
+            inbox: queue.SimpleQueue[Utterance | None] = queue.SimpleQueue()
+            thread = threading.Thread(target=self._serve_continuous, args=(engine, inbox, asyncio.get_running_loop()),
+                                      name=f"vx-{self.name}-{engine.name}", daemon=True)
+            served = (inbox, thread)
+            self._continuous[engine.name] = served
+            thread.start()
+        served[0].put(utt)
+
+    def _serve_continuous(self, engine: ContinuousEngine, inbox: queue.SimpleQueue[Utterance | None],
+                          loop: asyncio.AbstractEventLoop) -> None:
+        """The engine's thread for as long as the context lives: one call to
+        ``stream_continuous``, rows coming in through ``inbox``, each row sliced as it would be in
+        :meth:`_synthesize`. (Its synthesis time is not added to the context's RTF figure: rows
+        overlap, so per-row wall time would overstate it.)"""
+        rows: dict[Hashable, tuple[Utterance, Slicer, list[Slice] | None, float]] = {}
+
+        def admit(timeout: float | None) -> list[tuple[Hashable, SynthesisRequest, threading.Event]] | None:
+            taken: list[Utterance | None] = []
+            try:
+                taken.append(inbox.get(timeout=timeout) if timeout != 0 else inbox.get_nowait())
+                while True:
+                    taken.append(inbox.get_nowait())
+            except queue.Empty:
+                pass
+            admitted: list[tuple[Hashable, SynthesisRequest, threading.Event]] = []
+            for utt in taken:
+                if utt is None:
+                    return None
+                utt.synth_started_ms = time.time() * 1000.0
+                key = utt.job.entry_id
+                rows[key] = (utt, Slicer(engine.sample_rate), [] if self.cache is not None else None,
+                             time.perf_counter())
+                admitted.append((key, self._request(utt), utt.cancel))
+            return admitted
+
+        try:
+            for key, pcm in engine.stream_continuous(admit):
+                row = rows.get(key)
+                if row is None:
+                    continue
+                utt, slicer, kept, started = row
+                if pcm is not None:
+                    self._feed(utt, slicer, pcm, started, kept)
+                    continue
+                del rows[key]
+                self._finish_row(engine, utt, slicer, kept, loop)
+        except Exception as exc:  # the engine failed: its rows fail, the next job starts it again
+            log.exception("context %s: engine %s failed", self.name, engine.name)
+            for utt, slicer, kept, _started in rows.values():
+                utt.error = f"{type(exc).__name__}: {exc}"
+                self._finish_row(engine, utt, slicer, kept, loop)
+
+    def _finish_row(self, engine: Engine, utt: Utterance, slicer: Slicer, kept: list[Slice] | None,
+                    loop: asyncio.AbstractEventLoop) -> None:
+        if not utt.cancel.is_set() and utt.error is None:
+            tail = slicer.flush()
+            utt.slices.extend(tail)
+            if kept is not None:
+                kept += tail
+        utt.slices.close()
+        self.audio_seconds += slicer.total_samples / slicer.out_rate
+        if kept is not None and self.cache is not None:
+            pcm = b"".join(piece.tobytes() for piece in kept)
+            with contextlib.suppress(RuntimeError):  # the loop closed: the worker is gone
+                loop.call_soon_threadsafe(self._store, engine, [utt], [pcm])
 
     def _fingerprint(self, engine: Engine, utt: Utterance) -> str:
         request = self._request(utt)
@@ -233,6 +329,8 @@ class Context:
             tee += pieces
 
     def close(self) -> None:
+        for inbox, _thread in self._continuous.values():
+            inbox.put(None)
         for engine in self.engines.values():
             try:
                 engine.close()
@@ -245,3 +343,8 @@ def _batches(engine: Engine) -> TypeGuard[BatchEngine]:
     """A batch engine with room for more than one row. Not ``isinstance(engine, BatchEngine)``
     per job: a runtime-checked Protocol inspects the class on every call (about 10 µs)."""
     return getattr(engine, "max_batch", 1) > 1 and callable(getattr(engine, "stream_batch", None))
+
+
+def _continuous(engine: Engine) -> TypeGuard[ContinuousEngine]:
+    """An engine that takes rows while it runs (``continuous`` set and ``max_batch`` > 1)."""
+    return bool(getattr(engine, "continuous", False)) and _batches(engine)

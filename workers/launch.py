@@ -83,7 +83,7 @@ def engine_options(name: str, settings: Settings, catalog: Catalog | None = None
                 "voice_lookup": catalog.get if catalog is not None else None}
     if name == "synthetic":
         return {"ttfc_ms": settings.synthetic_ttfc_ms, "rtf": settings.synthetic_rtf,
-                "max_batch": settings.synthetic_max_batch}
+                "max_batch": settings.synthetic_max_batch, "continuous": settings.synthetic_continuous}
     return {}
 
 

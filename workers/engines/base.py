@@ -8,7 +8,7 @@ never sees Redis, asyncio or the wire protocol.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -55,4 +55,26 @@ class BatchEngine(Engine, Protocol):
                      cancel: Sequence[threading.Event]) -> Iterator[tuple[int, Pcm]]:
         """Synthesize several requests at once; yield ``(row, chunk)`` as each row's audio is ready.
         A row whose ``cancel`` is set stops without stopping the others."""
+        ...
+
+
+Admit = Callable[[float | None], list[tuple[Hashable, SynthesisRequest, threading.Event]] | None]
+"""What a continuous engine calls between steps: the new ``(key, request, cancel)`` rows, waiting
+up to the given seconds (``None``: until one comes) when there are none yet. An empty list after
+the wait: nothing came. ``None``: stop (the context is closing)."""
+
+
+@runtime_checkable
+class ContinuousEngine(Engine, Protocol):
+    """Continuous batching, as LLM servers run a GPU: a request joins the running batch at the
+    engine's next step instead of waiting for a batch window or for the running batch to end.
+    One long-lived call per context serves every request the context is given."""
+
+    continuous: bool
+    """``True``: the pool drives the engine through :meth:`stream_continuous`."""
+
+    def stream_continuous(self, admit: Admit) -> Iterator[tuple[Hashable, Pcm | None]]:
+        """Yield ``(key, chunk)`` as rows produce audio and ``(key, None)`` once when a row is
+        done (finished or cancelled); return when ``admit`` returns ``None``. Rows are bounded by
+        the context's in-flight cap, not by ``max_batch``."""
         ...

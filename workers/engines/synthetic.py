@@ -11,11 +11,12 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from workers.engines.base import Pcm, SynthesisRequest
+from workers.engines.base import Admit, Pcm, SynthesisRequest
 
 CHARS_PER_SECOND = 14.0
 MAX_SECONDS = 40.0  # 500 characters at 14 a second
@@ -41,8 +42,11 @@ class SyntheticEngine:
     name = "synthetic"
 
     def __init__(self, *, ttfc_ms: float = 50.0, rtf: float = 0.05, chunk_ms: float = 200.0,
-                 sample_rate: int = 24_000, max_batch: int = 1) -> None:
+                 sample_rate: int = 24_000, max_batch: int = 1, continuous: bool = False) -> None:
         self.max_batch = max_batch
+        self.continuous = continuous
+        """With ``max_batch`` > 1: rows join at any moment (continuous batching, see
+        :class:`workers.engines.base.ContinuousEngine`), each with its own ``ttfc_ms``."""
         self.sample_rate = sample_rate
         self.ttfc_s = ttfc_ms / 1000
         self.rtf = rtf
@@ -87,7 +91,47 @@ class SyntheticEngine:
                 if start < audio.size and not cancel[row].is_set():
                     yield row, audio[start:start + self.chunk_samples]
 
+    def stream_continuous(self, admit: Admit) -> Iterator[tuple[Hashable, Pcm | None]]:
+        """Every row on its own clock: first chunk ``ttfc_ms`` after it was admitted, then one
+        chunk per ``chunk_ms x rtf``. The thread sleeps until the next row is due or a request
+        arrives, whichever is first: one wake-up serves every row due at that moment."""
+        rows: dict[Hashable, _Row] = {}
+        while True:
+            due = min((row.due for row in rows.values()), default=None)
+            wait = None if due is None else max(0.0, due - time.monotonic())
+            admitted = admit(wait)
+            if admitted is None:
+                return
+            for key, request, cancel in admitted:
+                audio = self._audio(request.text)
+                rows[key] = _Row(audio, 0, time.monotonic() + self.ttfc_s, cancel)
+            now = time.monotonic()
+            for key, row in list(rows.items()):
+                if row.cancel.is_set():
+                    del rows[key]
+                    yield key, None
+                    continue
+                if row.due > now:
+                    continue
+                chunk = row.audio[row.pos:row.pos + self.chunk_samples]
+                row.pos += chunk.size
+                yield key, chunk
+                if row.pos >= row.audio.size:
+                    del rows[key]
+                    yield key, None
+                else:  # from the row's own schedule, not from now: a late wake-up does not drift
+                    row.due += chunk.size / self.sample_rate * self.rtf
+
     def close(self) -> None:
         pass
+
+
+@dataclass(slots=True)
+class _Row:
+    audio: Pcm
+    pos: int
+    due: float
+    """Monotonic time its next chunk is ready."""
+    cancel: threading.Event
 
 
