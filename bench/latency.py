@@ -141,7 +141,7 @@ def main() -> None:
                         continue
                     # The client process drives every room's socket; on uvloop its own per-frame
                     # cost (it timestamps arrivals) is a third of asyncio's.
-                    total = _run(measure(port, rooms, args.rounds, engine))
+                    total = _run(measure(port, rooms, args.rounds, label))
                     added = [t - ttfc for t in total]
                     rows.append((label, rooms, len(total), ttfc, pct(total, 50), pct(added, 50), pct(added, 95),
                                  pct(added, 99)))
