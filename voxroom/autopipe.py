@@ -146,6 +146,8 @@ class _Wire:
         self._waiters: deque[_Waiter] = deque()
         self._unsent: list[tuple[bytes, list[_Waiter]]] = []
         self._drained = asyncio.Event()
+        self._progress = 0.0
+        """Loop time of the last reply (or of the first command after a quiet spell)."""
         self.inflight = 0
 
     def send(self, batch: list[tuple[Sequence[Command], asyncio.Future[list[Any]]]]) -> None:
@@ -167,6 +169,8 @@ class _Wire:
 
     def _write(self, blob: bytes, waiters: list[_Waiter]) -> None:
         assert self._writer is not None
+        if not self._waiters:
+            self._progress = asyncio.get_running_loop().time()
         self._waiters.extend(waiters)
         self.inflight += sum(n for n, _, _ in waiters)
         self._drained.clear()
@@ -223,16 +227,18 @@ class _Wire:
                   else hiredis.Reader(replyError=ResponseError))
         error: Exception = RedisConnectionError("connection to redis closed")
         try:
+            loop = asyncio.get_running_loop()
             while True:
-                if self._waiters:
-                    try:
-                        async with asyncio.timeout(self.timeout_s):
-                            data = await reader.read(262_144)
-                    except TimeoutError:
+                # Always a deadline, even while idle: commands written while this read was
+                # already waiting must still time out when Redis stops answering.
+                try:
+                    async with asyncio.timeout(self.timeout_s):
+                        data = await reader.read(262_144)
+                except TimeoutError:
+                    if self._waiters and loop.time() - self._progress >= self.timeout_s:
                         error = RedisTimeoutError(f"no reply from redis in {self.timeout_s:.0f} s")
                         break
-                else:
-                    data = await reader.read(262_144)
+                    continue
                 if not data:
                     break
                 parser.feed(data)
@@ -252,6 +258,7 @@ class _Wire:
                     future.set_exception(error)
 
     def _deliver(self, reply: Any) -> None:
+        self._progress = asyncio.get_running_loop().time()
         expected, replies, future = self._waiters[0]
         replies.append(reply)
         self.inflight -= 1

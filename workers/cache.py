@@ -207,6 +207,9 @@ class AudioCache:
             except Exception:  # put counts Redis failures itself; anything else is a bug, keep going
                 log.exception("audio cache store failed")
 
+    async def aclose(self) -> None:
+        await self._auto.aclose()
+
     def _remember(self, fp: str, pcm: bytes) -> None:
         if self.lru_entries <= 0:
             return

@@ -109,6 +109,8 @@ class Worker:
             except (RedisConnectionError, RedisTimeoutError, OSError):
                 pass
             self.pool.close()
+            if self.cache is not None:
+                await self.cache.aclose()
             await self.bus.close()
             log.info("worker %s stopped", self.id)
 

@@ -94,8 +94,12 @@ async def test_a_reply_that_never_comes_times_out(redis_url: str) -> None:
     redis = redis_client.from_url(redis_url, decode_responses=True)
     auto = AutoPipeline(redis, timeout_s=0.3)
     try:
+        assert await auto.call("PING") == "PONG"
+        await asyncio.sleep(0.1)  # the reader now waits on an idle connection
+        started = asyncio.get_running_loop().time()
         with pytest.raises(Exception, match="no reply from redis"):
             await auto.call("BLPOP", _key(), 5)
+        assert asyncio.get_running_loop().time() - started < 2, "the deadline held for a command sent while idle"
         assert await auto.call("PING") == "PONG", "a fresh connection after the timeout"
     finally:
         await auto.aclose()
