@@ -177,6 +177,7 @@ class _Wire:
         self._writer.write(blob)
 
     async def _connect(self) -> None:
+        writer: asyncio.StreamWriter | None = None
         try:
             async with asyncio.timeout(self.kwargs.get("socket_connect_timeout") or self.timeout_s):
                 if self.kwargs.get("path"):
@@ -206,6 +207,8 @@ class _Wire:
                         if isinstance(reply, Exception):
                             raise RedisConnectionError(f"redis refused the handshake: {reply}")
         except (OSError, TimeoutError, RedisConnectionError) as exc:
+            if writer is not None:
+                writer.close()
             self._connecting = None
             error = exc if isinstance(exc, RedisConnectionError) else RedisConnectionError(
                 f"cannot connect to redis: {exc!r}")

@@ -104,3 +104,32 @@ async def test_a_reply_that_never_comes_times_out(redis_url: str) -> None:
     finally:
         await auto.aclose()
         await redis.aclose()
+
+
+async def test_the_connection_authenticates_and_selects_the_url_database() -> None:
+    server = RedisServer().start()
+    admin = redis_client.from_url(server.url, decode_responses=True)
+    autos: list[AutoPipeline] = []
+    try:
+        await admin.execute_command("ACL", "SETUSER", "narrator", "on", ">tale", "~*", "+@all")
+        await admin.config_set("requirepass", "s3cret")
+        url = f"redis://:s3cret@127.0.0.1:{server.port}/3"
+        auto = AutoPipeline(redis_client.from_url(url, decode_responses=True))
+        autos.append(auto)
+        assert await auto.call("SET", "where", "db3") in ("OK", True)
+        user = AutoPipeline(redis_client.from_url(f"redis://narrator:tale@127.0.0.1:{server.port}/0"))
+        autos.append(user)
+        assert await user.call("ACL", "WHOAMI") == b"narrator"
+        checker = redis_client.from_url(url, decode_responses=True)
+        assert await checker.get("where") == "db3", "written to the database the URL names"
+        await checker.aclose()
+        wrong = AutoPipeline(redis_client.from_url(f"redis://:nope@127.0.0.1:{server.port}/0"))
+        autos.append(wrong)
+        with pytest.raises(RedisConnectionError, match="refused the handshake"):
+            await wrong.call("PING")
+    finally:
+        for auto in autos:
+            await auto.aclose()
+            await auto.redis.aclose()
+        await admin.aclose()
+        server.stop()
