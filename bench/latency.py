@@ -51,11 +51,14 @@ def engine_ttfc_ms(engine_name: str, voice_id: str, runs: int, **options: float)
     return statistics.median(times)
 
 
-async def one_round(port: int, rooms: int, round_no: int, clients: list[RoomClient]) -> list[float]:
+async def one_round(port: int, rooms: int, round_no: int, clients: list[RoomClient],
+                    line_tag: str = "") -> list[float]:
     sent: list[float] = []
     for i, client in enumerate(clients):
         sent.append(time.time() * 1000)
-        await client.say(f"{TEXT} {round_no}-{i}", voice=VOICE)
+        # Never the same line twice in one run (``line_tag`` differs per configuration): a repeat
+        # would be served from the audio cache, not synthesized.
+        await client.say(f"{TEXT} {line_tag}{round_no}-{i}", voice=VOICE)
     await asyncio.gather(*(c.wait_for(lambda g, n=round_no: len(g.ends()) >= n, 30) for c in clients))
     # ``end`` arrives before the audio finishes playing; a `say` sent before the room is quiet is
     # scheduled after it (gapless), which would count the room's own playback as latency. Wait
@@ -74,15 +77,15 @@ def pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
-async def measure(port: int, rooms: int, rounds: int, tag: str) -> list[float]:
+async def measure(port: int, rooms: int, rounds: int, tag: str, line_tag: str) -> list[float]:
     clients = [RoomClient(port, f"bench-{tag}-{rooms}-{i}") for i in range(rooms)]
     for c in clients:
         await c.__aenter__()
     try:
         samples: list[float] = []
-        await one_round(port, rooms, 1, clients)  # warm-up (connections, engine caches)
+        await one_round(port, rooms, 1, clients, line_tag)  # warm-up (connections, engine caches)
         for r in range(2, rounds + 2):
-            samples += await one_round(port, rooms, r, clients)
+            samples += await one_round(port, rooms, r, clients, line_tag)
         return samples
     finally:
         for c in clients:
@@ -115,6 +118,7 @@ def main() -> None:
     logs = tempfile.mkdtemp(prefix="vxbench-")  # kept: worker and gateway logs for a failed run
     with RedisServer() as redis:
         most = max(room_counts)
+        configs = ["espeak", "synthetic", "synthetic-batch"]
         for label, engine, contexts, max_rooms, options, env in (
             ("espeak", "espeak", 2, 10, {}, {}),
             # One context (thread) per room: 100 rooms are 100 devices.
@@ -141,7 +145,7 @@ def main() -> None:
                         continue
                     # The client process drives every room's socket; on uvloop its own per-frame
                     # cost (it timestamps arrivals) is a third of asyncio's.
-                    total = _run(measure(port, rooms, args.rounds, label))
+                    total = _run(measure(port, rooms, args.rounds, label, "abc"[configs.index(label)]))
                     added = [t - ttfc for t in total]
                     rows.append((label, rooms, len(total), ttfc, pct(total, 50), pct(added, 50), pct(added, 95),
                                  pct(added, 99)))

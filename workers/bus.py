@@ -43,6 +43,8 @@ class WorkerBus:
         # The per-utterance commands (turn checks, slices, ends, acks) of every room this worker
         # publishes share pipelines (voxroom/autopipe.py); the blocking reads keep their own.
         self.auto = AutoPipeline(redis)
+        self._reads = AutoPipeline(redis, timeout_s=30.0)
+        """The job reader's own connection (its reads block; a read asks for at most 2 s)."""
 
     async def ensure_group(self) -> None:
         try:
@@ -53,9 +55,12 @@ class WorkerBus:
 
     async def read_jobs(self, count: int, block_ms: int) -> list[Job]:
         """New jobs for this consumer, at most ``count``; waits up to ``block_ms`` for the first."""
-        resp: Any = await self.redis.xreadgroup(keys.JOBS_GROUP, self.consumer, {keys.JOBS: ">"},
-                                           count=count, block=block_ms)
-        return await self._parse(resp[0][1] if resp else [])
+        resp: Any = await self._reads.call("XREADGROUP", "GROUP", keys.JOBS_GROUP, self.consumer, "COUNT", count,
+                                           "BLOCK", block_ms, "STREAMS", keys.JOBS, ">")
+        entries = resp[0][1] if resp else []
+        # Read raw (RESP2): each entry's fields come as [field, value, ...], or nil once trimmed.
+        return await self._parse([(entry_id, dict(zip(flat[::2], flat[1::2], strict=True)) if flat is not None
+                                   else None) for entry_id, flat in entries])
 
     async def claim_stale(self, min_idle_ms: int, count: int) -> list[Job]:
         """Jobs left pending by a consumer that went quiet (a dead worker), now ours."""
@@ -109,6 +114,7 @@ class WorkerBus:
 
     async def close(self) -> None:
         await self.auto.aclose()
+        await self._reads.aclose()
         await self.raw.aclose()
 
     async def skip_to(self, room: str, seq: int) -> None:
