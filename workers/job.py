@@ -117,3 +117,5 @@ class Utterance:
     engine_first_chunk_ms: float | None = None
     synth_started_ms: float | None = None
     """Room-clock time the engine was called (``job.time_ms`` is when the gateway accepted it)."""
+    read_ms: float | None = None
+    """Room-clock time this worker read the job from Redis."""

@@ -36,7 +36,7 @@ from workers.cache import AudioCache
 from workers.context import Context
 from workers.job import Job, SliceBuffer, Utterance
 from workers.pool import ContextPool
-from workers.publisher import publish_utterance
+from workers.publisher import PublishResult, publish_utterance
 
 log = logging.getLogger("voxroom.worker")
 HEARTBEAT_S = 2.0
@@ -164,7 +164,7 @@ class Worker:
                 self._accept(job)
 
     def _accept(self, job: Job) -> None:
-        utt = Utterance(job=job, slices=SliceBuffer(asyncio.get_running_loop()))
+        utt = Utterance(job=job, slices=SliceBuffer(asyncio.get_running_loop()), read_ms=self.clock.now_ms())
         self.inflight[job.entry_id] = utt
         voice = self.catalog.get(job.voice) if job.voice in self.catalog else None
         if voice is None or not self.pool.serves(voice.engine):
@@ -194,12 +194,7 @@ class Worker:
                                              opus_bitrate=0 if private else self.opus_bitrate, paced=not private)
             await self.bus.ack(job.entry_id)
             self.published += 1
-            ttfa = (result.first_slice_ms - job.time_ms) if result.first_slice_ms else float("nan")
-            queued = (utt.synth_started_ms - job.time_ms) if utt.synth_started_ms else float("nan")
-            log.info("room %s utterance %d %s: %d slices, time to first audio %.1f ms (queued %.1f, engine "
-                     "first chunk %s ms), %d late shifts", job.room, job.seq, result.status, result.chunks, ttfa,
-                     queued, f"{utt.engine_first_chunk_ms:.1f}" if utt.engine_first_chunk_ms is not None else "-",
-                     result.late_shifts)
+            _log_stages(utt, result)
         finally:
             self.inflight.pop(job.entry_id, None)
             self._owner.pop(job.entry_id, None)
@@ -249,6 +244,27 @@ class Worker:
                     log.warning("worker %s claimed room %s utterance %d from a silent consumer",
                                 self.id, job.room, job.seq)
                     self._accept(job)
+
+
+def _log_stages(utt: Utterance, result: PublishResult) -> None:
+    """One line per utterance with where its time to first audio went: the gateway's accept to
+    this worker's read, the read to the engine's call (context queue, cache lookup, hand-off), the
+    engine's own first chunk, and the first chunk to the first slice published. The first is
+    against the gateway's whole-millisecond stamp; the others are this process's clock."""
+    job, first_slice_ms = utt.job, result.first_slice_ms
+
+    def ms(value: float | None) -> str:
+        return f"{value:.1f}" if value is not None else "-"
+
+    started, chunk = utt.synth_started_ms, utt.engine_first_chunk_ms
+    ttfa = first_slice_ms - job.time_ms if first_slice_ms else None
+    read = utt.read_ms - job.time_ms if utt.read_ms else None
+    to_engine = started - utt.read_ms if started and utt.read_ms else None
+    to_published = (first_slice_ms - started - chunk if first_slice_ms and started and chunk is not None
+                    else None)
+    log.info("room %s utterance %d %s: %d slices, time to first audio %s ms (read %s, to engine %s, engine "
+             "first chunk %s, to published %s), %d late shifts", job.room, job.seq, result.status, result.chunks,
+             ms(ttfa), ms(read), ms(to_engine), ms(chunk), ms(to_published), result.late_shifts)
 
 
 def _rtf(pool: ContextPool) -> float:
