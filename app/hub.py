@@ -70,13 +70,15 @@ class _Reader:
         """This reader's own connection: a blocked read must not hold up anybody's commands."""
 
     async def wake(self) -> None:
-        pipe = self.hub.redis.pipeline(transaction=False)
-        pipe.xadd(self.wake_key, {"w": 1}, maxlen=WAKE_MAXLEN, approximate=False)
-        pipe.expire(self.wake_key, 3600)
-        await pipe.execute()
+        # On the hub's shared pipelined connection: a hundred clients leaving at once are a
+        # hundred wakes, which must not each take a pooled connection.
+        replies = await self.hub.control.group([
+            ("XADD", self.wake_key, "MAXLEN", WAKE_MAXLEN, "*", "w", 1), ("EXPIRE", self.wake_key, 3600)])
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
 
     async def run(self) -> None:
-        redis = self.hub.redis
         backoff = Backoff()
         wake_cursor: str | None = None
         while True:
@@ -85,7 +87,7 @@ class _Reader:
                     # An explicit id, not "$": a wake written between building the stream list and
                     # the XREAD reaching Redis must still be returned, or a joining room waits a
                     # whole block for its first read.
-                    wake_cursor = await _tail(redis, self.wake_key)
+                    wake_cursor = await _tail(self.hub.control, self.wake_key)
                 rooms = list(self.cursors.items())
                 # On its own pipelined connection (voxroom/autopipe.py): a 200-room XREAD packed
                 # by hiredis costs a tenth of redis-py's packing, and this read runs once per
@@ -118,8 +120,11 @@ def _fields(flat: list[Any] | None) -> dict[Any, Any]:
     return dict(zip(flat[::2], flat[1::2], strict=True)) if flat else {}
 
 
-async def _tail(redis: Redis, key: str) -> str:
-    last = await redis.xrevrange(key, count=1)
+async def _tail(control: AutoPipeline, key: str) -> str:
+    """The id of the stream's last entry (``0-0`` when it has none)."""
+    last = await control.call("XREVRANGE", key, "+", "-", "COUNT", 1)
+    if isinstance(last, Exception):
+        raise last
     if not last:
         return "0-0"
     entry_id = last[0][0]
@@ -137,6 +142,8 @@ class RoomHub:
         self.redis = redis
         self.gateway_id = gateway_id
         self.rooms_per_reader = rooms_per_reader
+        self.control = AutoPipeline(redis)
+        """Joins' and leaves' small commands, pipelined on one connection."""
         self.rooms: dict[str, set[ClientConnection]] = {}
         self._reader_of: dict[str, _Reader] = {}
         self._readers: list[_Reader] = []
@@ -156,10 +163,13 @@ class RoomHub:
                 # to the cursor went to the others and everything after it reaches this client too.
                 client.joined_at = self._reader_of[client.room].cursors[client.room]
                 return
-            self.rooms[client.room] = {client}
-            reader = self._pick_reader()
             # Start from the stream's current tail: nothing published after this join is missed.
-            reader.cursors[client.room] = client.joined_at = await _tail(self.redis, keys.room_output(client.room))
+            # Read before the room is registered, so that a failed read (Redis down) leaves no
+            # half-joined room behind (the endpoint's leave would find no reader for it).
+            tail = await _tail(self.control, keys.room_output(client.room))
+            reader = self._pick_reader()
+            self.rooms[client.room] = {client}
+            reader.cursors[client.room] = client.joined_at = tail
             self._reader_of[client.room] = reader
         await reader.wake()
 
@@ -275,6 +285,7 @@ class RoomHub:
         await asyncio.gather(*(r.task for r in self._readers if r.task), return_exceptions=True)
         for reader in self._readers:
             await reader.wire.aclose()
+        await self.control.aclose()
         if self._readers:
             try:
                 await self.redis.delete(*(r.wake_key for r in self._readers))

@@ -14,7 +14,7 @@ import asyncio
 import sys
 from typing import Any
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -53,9 +53,19 @@ def _timed(cls: type[AbstractConnection]) -> type[AbstractConnection]:
     return _classes[cls]
 
 
-def from_url(url: str, **options: Any) -> Redis:
-    """``Redis.from_url`` (same URL schemes and options), with writes timed as above."""
-    client = Redis.from_url(url, **options)
+POOL_MAX_CONNECTIONS = 256
+POOL_WAIT_S = 10.0
+
+
+def from_url(url: str, *, max_connections: int = POOL_MAX_CONNECTIONS, pool_wait_s: float = POOL_WAIT_S,
+             **options: Any) -> Redis:
+    """``Redis.from_url`` (same URL schemes and options), with writes timed as above, on a
+    *blocking* pool: at ``max_connections`` commands in flight the next one waits up to
+    ``pool_wait_s`` for a connection instead of failing. redis-py's default pool (100 at most,
+    since 8.x) raises ``MaxConnectionsError`` on the 101st: 150 clients leaving a gateway at once
+    (each one's room wakes the hub's reader) failed some of them before this."""
+    pool = BlockingConnectionPool.from_url(url, max_connections=max_connections, timeout=pool_wait_s, **options)
+    client = Redis.from_pool(pool)
     if sys.version_info < (3, 12):
         client.connection_pool.connection_class = _timed(client.connection_pool.connection_class)
     return client

@@ -7,13 +7,20 @@ import base64
 import os
 import signal
 import socket
+import uuid
 from pathlib import Path
+from typing import cast
 
+import numpy as np
 import psutil
+from starlette.websockets import WebSocket
 
+from app.connection import ClientConnection
+from app.hub import RoomHub
 from tests.conftest import Stack
 from tests.support.processes import start_gateway, start_worker
 from tests.support.room_client import RoomClient
+from voxroom import keys, redis_client
 from voxroom.redis_server import RedisServer
 
 LONG_LINE = ("The village gathers at dawn. Somebody among you is not who they claim to be, and before the sun "
@@ -102,3 +109,67 @@ async def test_a_line_too_long_to_speak_is_cut_faded_and_frees_the_room(tmp_path
         gateway.stop()
         worker.stop()
         redis.stop()
+
+
+async def test_a_crowd_joining_and_leaving_at_once_loses_no_room(stack: Stack, tmp_path: Path) -> None:
+    """Hundreds of clients, each alone in its room, leave at once, and then join at once. Every
+    join and leave touches Redis (the room's tail, the hub reader's wake); redis-py's default pool
+    fails the 101st concurrent command, which once left rooms half-joined and leaves failing with
+    a KeyError. Afterwards a room of the crowd must still speak and hear."""
+    gateway, port = start_gateway(stack.redis_url, tmp_path)
+    crowd = [f"crowd-{os.getpid()}-{i}" for i in range(250)]
+    try:
+        # Sockets dropped all at once (no close handshake): the gateway sees 250 leaves in a burst.
+        sockets = [raw_listener(port, room) for room in crowd]
+        for sock in sockets:
+            sock.close()
+        clients = [RoomClient(port, room) for room in crowd[:150]]
+        await asyncio.gather(*(c.__aenter__() for c in clients))
+        assert all(c.got.of("welcome") for c in clients)
+        await asyncio.gather(*(c.__aexit__(None, None, None) for c in clients))
+        async with RoomClient(port, crowd[7]) as client:
+            await client.say("The crowd has left the square.", voice="en-espeak")
+            ends = await client.wait_ends(1, timeout=30)
+            assert ends[0]["status"] == "ok"
+            audio = client.got.audio(ends[0]["utterance"])
+            assert len(audio) / 24_000 > 0.8, "a line of six words is more than 0.8 s of speech"
+            assert float(np.sqrt(np.mean(audio.astype(np.float64) ** 2))) > 300, "speech, not silence"
+        log = gateway.log_text()
+        assert "Exception in ASGI application" not in log, log[-3000:]
+        assert "Traceback" not in log, log[-3000:]
+    finally:
+        gateway.stop()
+
+
+async def test_the_hub_takes_hundreds_of_joins_and_leaves_at_once(redis_url: str) -> None:
+    """The crowd one level down, deterministic: 300 rooms leave while 300 others join, in one
+    loop turn. Every leave wakes its reader and every join reads its room's tail; on redis-py's
+    default pool (100 connections) the leaves' wakes took them all and the joins failed with
+    ``MaxConnectionsError``, leaving rooms half-joined (a later leave raised ``KeyError``)."""
+    redis = redis_client.from_url(redis_url, decode_responses=False)
+    hub = RoomHub(redis, f"test-{uuid.uuid4().hex[:6]}")
+    tag = uuid.uuid4().hex[:8]
+
+    def crowd(name: str) -> list[ClientConnection]:
+        return [ClientConnection(cast(WebSocket, None), room=f"hub-{tag}-{name}-{i}", client_id="c")
+                for i in range(300)]
+
+    first, second = crowd("a"), crowd("b")
+    try:
+        await asyncio.gather(*(hub.join(c) for c in first))
+        await asyncio.gather(*(hub.leave(c) for c in first), *(hub.join(c) for c in second))
+        assert set(hub.rooms) == {c.room for c in second}
+        assert all(c.joined_at == "0-0" for c in second), "an empty room's output starts from 0-0"
+        await asyncio.gather(*(hub.leave(c) for c in second))
+        assert hub.rooms == {}
+        # The readers still run and serve a room that joins afterwards.
+        again = ClientConnection(cast(WebSocket, None), room=f"hub-{tag}-again", client_id="c")
+        await hub.join(again)
+        await redis.xadd(keys.room_output(again.room), {"kind": "chunk", "seq": 1, "chunk": 0, "frame": b"x"})
+        async with asyncio.timeout(5):
+            while again.depth == 0:  # noqa: ASYNC110 (a test polling a plain counter)
+                await asyncio.sleep(0.01)
+        assert all(r.task is not None and not r.task.done() for r in hub._readers)
+    finally:
+        await hub.close()
+        await redis.aclose()
