@@ -9,11 +9,12 @@ from __future__ import annotations
 import logging
 from typing import Any, NamedTuple
 
-from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.exceptions import ResponseError
 
 from voxroom import keys
 from voxroom.autopipe import AutoPipeline
+from voxroom.redis_client import POOL_MAX_CONNECTIONS, POOL_WAIT_S
 from workers.job import Job
 
 log = logging.getLogger("voxroom.worker.bus")
@@ -35,9 +36,12 @@ class WorkerBus:
         self.redis = redis
         # Output entries carry binary audio: the blocked read that watches a room's output stream
         # must not decode it. Same server and options, raw bytes.
+        # A blocking pool, as voxroom/redis_client.py's: utterances waiting for their turn each
+        # hold a blocked read here, and the 101st must wait for a connection, not fail.
         raw_kwargs = {**redis.connection_pool.connection_kwargs, "decode_responses": False}
-        self.raw = Redis(connection_pool=ConnectionPool(connection_class=redis.connection_pool.connection_class,
-                                                        **raw_kwargs))
+        self.raw = Redis(connection_pool=BlockingConnectionPool(
+            connection_class=redis.connection_pool.connection_class, max_connections=POOL_MAX_CONNECTIONS,
+            timeout=POOL_WAIT_S, **raw_kwargs))
         self.consumer = consumer
         self.output_maxlen = output_maxlen
         # The per-utterance commands (turn checks, slices, ends, acks) of every room this worker

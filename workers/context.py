@@ -147,6 +147,12 @@ class Context:
             self._continuous[engine.name] = served
             thread.start()
         served[0].put(utt)
+        # Let the engine's thread take the GIL now (sleep releases it): it starts this row's clock
+        # at once instead of when the loop next blocks, after every other line of the burst. The
+        # rows' first chunks then come as spread out as their lines arrived, and the loop
+        # publishes each while the next is computed, instead of 100 in one clump (a burst of 100
+        # rooms: 16 ms median added latency instead of 19, three alternating runs each).
+        time.sleep(0)
 
     def _serve_continuous(self, engine: ContinuousEngine, inbox: queue.SimpleQueue[Utterance | None],
                           loop: asyncio.AbstractEventLoop) -> None:
