@@ -15,6 +15,7 @@ import resource
 import struct
 import time
 from collections.abc import Callable
+from typing import cast
 
 PTS = struct.Struct(">Q")
 PTS_OFFSET = 20  # see voxroom.protocol.AudioFrame: ">2sBBBBHIIIQI"
@@ -48,9 +49,9 @@ class Listener(asyncio.Protocol):
         self.frames = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        transport.write(self.request)
+        # cast, not isinstance: uvloop's transports are not subclasses of asyncio.Transport.
+        self.transport = cast(asyncio.Transport, transport)
+        self.transport.write(self.request)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.closed is None:
@@ -90,17 +91,43 @@ class Listener(asyncio.Protocol):
                 return
             if opcode == 2:
                 self.frames += 1
-                if self.on_audio is not None:
-                    self.on_audio(time.time_ns() // 1000, PTS.unpack_from(buf, head + PTS_OFFSET)[0])
+                self.audio_frame(buf, head)
             elif opcode == 1:
                 if not self.welcomed.done() and b'"welcome"' in buf[head:head + length]:
                     self.welcomed.set_result(None)
+                else:
+                    self.text_frame(bytes(buf[head:head + length]))
             elif opcode == 9:
                 self._send(0xA, bytes(buf[head:head + length]))
             elif opcode == 8:
                 self.closed = int.from_bytes(buf[head:head + 2], "big") if length >= 2 else 1005
                 self._send(0x8, bytes(buf[head:head + min(length, 2)]))
             del buf[:head + length]
+
+    def audio_frame(self, buf: bytearray, head: int) -> None:
+        """An audio frame starts at ``buf[head]`` (a subclass may read more of its header)."""
+        if self.on_audio is not None:
+            self.on_audio(time.time_ns() // 1000, PTS.unpack_from(buf, head + PTS_OFFSET)[0])
+
+    def text_frame(self, data: bytes) -> None:
+        """A control message after the welcome (ignored here; a subclass may parse it)."""
+
+    def send_text(self, text: str) -> None:
+        """One masked text frame, any length (RFC 6455 5.2). The payload is masked as one big
+        integer XOR: per-byte Python would cost more than the server's whole handling of it."""
+        payload = text.encode()
+        n = len(payload)
+        if n < 126:
+            head = bytes([0x81, 0x80 | n])
+        elif n < 1 << 16:
+            head = bytes([0x81, 0x80 | 126]) + n.to_bytes(2, "big")
+        else:
+            head = bytes([0x81, 0x80 | 127]) + n.to_bytes(8, "big")
+        mask = os.urandom(4)
+        key = (mask * (n // 4 + 1))[:n]
+        masked = (int.from_bytes(payload, "big") ^ int.from_bytes(key, "big")).to_bytes(n, "big")
+        assert self.transport is not None
+        self.transport.write(head + mask + masked)
 
     def _send(self, opcode: int, payload: bytes) -> None:
         """Client frames must be masked (RFC 6455 5.3); control payloads are under 126 bytes."""
@@ -116,10 +143,10 @@ class Listener(asyncio.Protocol):
 
 
 async def connect(host: str, port: int, path: str, on_audio: Callable[[int, int], None] | None = None,
-                  timeout: float = 30.0) -> Listener:
+                  timeout: float = 30.0, kind: type[Listener] = Listener) -> Listener:
     loop = asyncio.get_running_loop()
     _, listener = await asyncio.wait_for(
-        loop.create_connection(lambda: Listener(host, port, path, on_audio), host, port), timeout)
+        loop.create_connection(lambda: kind(host, port, path, on_audio), host, port), timeout)
     await asyncio.wait_for(listener.welcomed, timeout)
     return listener
 

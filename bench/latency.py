@@ -1,7 +1,7 @@
 """Server-added latency: `say` sent -> first audio frame received, minus the engine's own time to
 first chunk for the same text, measured in-process in the same run.
 
-    .venv/bin/python bench/latency.py [--rounds 20] [--rooms 1,10,100]
+    .venv/bin/python bench/latency.py [--rounds 20] [--rooms 1,10,100] [--clients lean,websockets]
 
 Starts its own redis-server, one worker and one gateway (real processes, loopback). Two engines:
 espeak-ng (a real voice whose first chunk takes about a millisecond, so what remains is the
@@ -9,29 +9,44 @@ server) and the synthetic benchmark engine: a fixed time to first chunk, it slee
 computing and serves a precomputed waveform, so it costs no CPU (it stands for a GPU). It gets one
 context per room, so that 100 rooms measure the server, not queueing for a CPU voice. (A first
 version computed its waveform per request: 100 of those at once measured numpy under the GIL.)
+
+"Rooms at once": every room's client sends its line in the same loop turn, then the round waits
+until every room's audio has played. The rooms' clients live in this process: by default the lean
+client of bench/_wsclient.py (four header fields read per frame); ``--clients websockets`` runs
+the tests' client (the websockets library) in the same run, to show what the load generator adds.
+A second table gives each process's CPU time per line. bench/floor.py measures the same hops with
+nothing else on them.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
 import statistics
+import struct
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import psutil
 
-from tests.support.processes import start_gateway, start_worker
-from tests.support.room_client import RoomClient
-from voxroom.redis_server import RedisServer
-from voxroom.voices import Catalog
-from workers.engines.base import SynthesisRequest
-from workers.engines.registry import create_engine
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+from _wsclient import Listener, connect  # noqa: E402
+
+from tests.support.processes import start_gateway, start_worker  # noqa: E402
+from tests.support.room_client import RoomClient  # noqa: E402
+from voxroom.redis_server import RedisServer  # noqa: E402
+from voxroom.voices import Catalog  # noqa: E402
+from workers.engines.base import SynthesisRequest  # noqa: E402
+from workers.engines.registry import create_engine  # noqa: E402
 
 TEXT = "The werewolves wake up."
 
@@ -51,24 +66,132 @@ def engine_ttfc_ms(engine_name: str, voice_id: str, runs: int, **options: float)
     return statistics.median(times)
 
 
-async def one_round(port: int, rooms: int, round_no: int, clients: list[RoomClient],
-                    line_tag: str = "") -> list[float]:
+class Speaker(Listener):
+    """A lean room client (bench/_wsclient.py): it sends ``say`` frames and notes when each
+    utterance's first slice arrives, reading four header fields instead of decoding the frame.
+    The bench measures the server; on two cores the load generator's own per-frame cost (the
+    websockets library's reader task, frame objects) competes with it for the same CPU."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.first_audio: dict[int, float] = {}
+        self.starts: dict[int, float] = {}
+        self.durations: dict[int, float] = {}
+        self.errors: list[dict[str, Any]] = []
+        self.changed = asyncio.Event()
+
+    def audio_frame(self, buf: bytearray, head: int) -> None:
+        seq, chunk = SEQ_CHUNK.unpack_from(buf, head + 12)
+        if chunk == 0 and seq not in self.first_audio:
+            self.first_audio[seq] = time.time() * 1000
+
+    def text_frame(self, data: bytes) -> None:
+        msg = json.loads(data)
+        kind = msg.get("type")
+        if kind == "start":
+            self.starts[msg["utterance"]] = msg["pts_ms"]
+        elif kind == "end":
+            self.durations[msg["utterance"]] = msg["duration_ms"]
+            self.changed.set()
+        elif kind == "error":
+            self.errors.append(msg)
+            self.changed.set()
+
+
+SEQ_CHUNK = struct.Struct(">II")  # bytes 12..19 of the audio header (voxroom.protocol.AudioFrame)
+
+
+class Room(Protocol):
+    """What a round needs of a room's client, whichever client it is."""
+
+    async def say_line(self, text: str, round_no: int) -> None: ...
+    async def wait_end(self, round_no: int, timeout: float) -> None: ...
+    def played_until(self, round_no: int) -> float: ...
+    def first_audio_ms(self, round_no: int) -> float: ...
+    async def close(self) -> None: ...
+
+
+class LeanRoom:
+    def __init__(self, speaker: Speaker) -> None:
+        self.s = speaker
+
+    async def say_line(self, text: str, round_no: int) -> None:
+        self.s.send_text(json.dumps({"type": "say", "seq": round_no, "text": text, "voice": VOICE}))
+
+    async def wait_end(self, round_no: int, timeout: float) -> None:
+        async with asyncio.timeout(timeout):
+            while round_no not in self.s.durations:
+                if self.s.errors:
+                    raise RuntimeError(f"the server refused a line: {self.s.errors[-1]}")
+                self.s.changed.clear()
+                await self.s.changed.wait()
+
+    def played_until(self, round_no: int) -> float:
+        return self.s.starts[round_no] + self.s.durations[round_no]
+
+    def first_audio_ms(self, round_no: int) -> float:
+        return self.s.first_audio[round_no]
+
+    async def close(self) -> None:
+        self.s.close()
+
+
+class LibraryRoom:
+    """The websockets library client the tests use (tests/support/room_client.py)."""
+
+    def __init__(self, client: RoomClient) -> None:
+        self.c = client
+
+    async def say_line(self, text: str, round_no: int) -> None:
+        await self.c.say(text, voice=VOICE, seq=round_no)
+
+    async def wait_end(self, round_no: int, timeout: float) -> None:
+        await self.c.wait_for(lambda g: len(g.ends()) >= round_no, timeout)
+
+    def played_until(self, round_no: int) -> float:
+        return float(self.c.got.of("start")[-1]["pts_ms"] + self.c.got.ends()[-1]["duration_ms"])
+
+    def first_audio_ms(self, round_no: int) -> float:
+        got = self.c.got
+        idx = next(i for i, f in enumerate(got.frames) if f.seq == round_no and f.chunk == 0)
+        return got.frame_times[idx]
+
+    async def close(self) -> None:
+        await self.c.__aexit__(None, None, None)
+
+
+async def open_room(port: int, room: str, client: str) -> Room:
+    if client == "lean":
+        speaker = await connect("127.0.0.1", port, f"/rooms/{room}/ws", kind=Speaker)
+        assert isinstance(speaker, Speaker)
+        return LeanRoom(speaker)
+    library = RoomClient(port, room)
+    await library.__aenter__()
+    return LibraryRoom(library)
+
+
+async def one_round(rooms: list[Room], round_no: int, line_tag: str = "") -> list[float]:
     sent: list[float] = []
-    for i, client in enumerate(clients):
+    for i, room in enumerate(rooms):
         sent.append(time.time() * 1000)
         # Never the same line twice in one run (``line_tag`` differs per configuration): a repeat
         # would be served from the audio cache, not synthesized.
-        await client.say(f"{TEXT} {line_tag}{round_no}-{i}", voice=VOICE)
-    await asyncio.gather(*(c.wait_for(lambda g, n=round_no: len(g.ends()) >= n, 30) for c in clients))
+        await room.say_line(f"{TEXT} {line_tag}{round_no}-{i}", round_no)
+    await asyncio.gather(*(r.wait_end(round_no, 30) for r in rooms))
     # ``end`` arrives before the audio finishes playing; a `say` sent before the room is quiet is
     # scheduled after it (gapless), which would count the room's own playback as latency. Wait
     # until every room's audio has played (its start pts + duration), on the same clock.
-    plays_until = max(c.got.of("start")[-1]["pts_ms"] + c.got.ends()[-1]["duration_ms"] for c in clients)
+    plays_until = max(r.played_until(round_no) for r in rooms)
     await asyncio.sleep(max(0.0, plays_until - time.time() * 1000) / 1000 + 0.05)
-    out = []
-    for t_sent, client in zip(sent, clients, strict=True):
-        idx = next(i for i, f in enumerate(client.got.frames) if f.seq == round_no and f.chunk == 0)
-        out.append(client.got.frame_times[idx] - t_sent)
+    return [r.first_audio_ms(round_no) - t_sent for t_sent, r in zip(sent, rooms, strict=True)]
+
+
+def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    """User + system CPU time so far of each process (the client: this one, all threads)."""
+    out = {}
+    for name, pid in pids.items():
+        times = psutil.Process(pid).cpu_times()
+        out[name] = times.user + times.system
     return out
 
 
@@ -77,19 +200,17 @@ def pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
-async def measure(port: int, rooms: int, rounds: int, tag: str, line_tag: str) -> list[float]:
-    clients = [RoomClient(port, f"bench-{tag}-{rooms}-{i}") for i in range(rooms)]
-    for c in clients:
-        await c.__aenter__()
+async def measure(port: int, rooms: int, rounds: int, tag: str, line_tag: str, client: str) -> list[float]:
+    clients = [await open_room(port, f"bench-{tag}-{client}-{rooms}-{i}", client) for i in range(rooms)]
     try:
         samples: list[float] = []
-        await one_round(port, rooms, 1, clients, line_tag)  # warm-up (connections, engine caches)
+        await one_round(clients, 1, line_tag)  # warm-up (connections, engine caches)
         for r in range(2, rounds + 2):
-            samples += await one_round(port, rooms, r, clients, line_tag)
+            samples += await one_round(clients, r, line_tag)
         return samples
     finally:
         for c in clients:
-            await c.__aexit__(None, None, None)
+            await c.close()
 
 
 VOICE = "en-espeak"
@@ -112,11 +233,16 @@ def main() -> None:
     parser.add_argument("--rooms", default="1,10,100")
     parser.add_argument("--engines", default="espeak,synthetic,synthetic-batch",
                         help="which of espeak, synthetic, synthetic-batch to run")
+    parser.add_argument("--clients", default="lean",
+                        help="lean (bench/_wsclient.py), websockets (the tests' library client), or both")
     args = parser.parse_args()
     room_counts = [int(x) for x in args.rooms.split(",")]
     rows = []
+    cpu_rows: list[tuple[str, str, int, dict[str, float]]] = []
     logs = tempfile.mkdtemp(prefix="vxbench-")  # kept: worker and gateway logs for a failed run
     with RedisServer() as redis:
+        assert redis.process is not None
+        redis_pid = redis.process.pid
         most = max(room_counts)
         configs = ["espeak", "synthetic", "synthetic-batch"]
         for label, engine, contexts, max_rooms, options, env in (
@@ -143,22 +269,39 @@ def main() -> None:
                 for rooms in room_counts:
                     if rooms > max_rooms:
                         continue
-                    # The client process drives every room's socket; on uvloop its own per-frame
-                    # cost (it timestamps arrivals) is a third of asyncio's.
-                    total = _run(measure(port, rooms, args.rounds, label, "abc"[configs.index(label)]))
-                    added = [t - ttfc for t in total]
-                    rows.append((label, rooms, len(total), ttfc, pct(total, 50), pct(added, 50), pct(added, 95),
-                                 pct(added, 99)))
+                    for client in args.clients.split(","):
+                        # The client process drives every room's socket; on uvloop its own
+                        # per-frame cost (it timestamps arrivals) is a third of asyncio's.
+                        tag = "abc"[configs.index(label)] + client[0]
+                        procs = {"gateway": gateway.pid, "worker": worker.pid, "redis": redis_pid,
+                                 "client": os.getpid()}
+                        before = cpu_seconds(procs)
+                        total = _run(measure(port, rooms, args.rounds, label, tag, client))
+                        after = cpu_seconds(procs)
+                        lines = rooms * (args.rounds + 1)  # with the warm-up round
+                        cpu = {k: (after[k] - before[k]) * 1000 / lines for k in procs}
+                        added = [t - ttfc for t in total]
+                        rows.append((label, client, rooms, len(total), ttfc, pct(total, 50), pct(added, 50),
+                                     pct(added, 95), pct(added, 99)))
+                        cpu_rows.append((label, client, rooms, cpu))
             finally:
                 gateway.stop()
                 worker.stop()
     print(f"\nserver-added latency (say -> first audio frame, minus engine time to first chunk); "
           f"{args.rounds} rounds per row\n")
-    print("| engine | rooms at once | samples | engine TTFC ms | total p50 ms | added p50 ms | added p95 ms "
-          "| added p99 ms |")
+    print("| engine | client | rooms at once | samples | engine TTFC ms | total p50 ms | added p50 ms "
+          "| added p95 ms | added p99 ms |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for e, c, r, n, ttfc, tot, p50, p95, p99 in rows:
+        print(f"| {e} | {c} | {r} | {n} | {ttfc:.1f} | {tot:.1f} | {p50:.2f} | {p95:.2f} | {p99:.2f} |")
+    print("\nCPU per line: each process's CPU time during the row over the lines sent (the whole utterance: "
+          "intake, hand-off, every paced slice, fan-out; plus each process's idle upkeep, which is most of it "
+          "at 1 room)\n")
+    print("| engine | client | rooms at once | gateway | worker | redis | client | all |")
     print("|---|---|---|---|---|---|---|---|")
-    for e, r, n, ttfc, tot, p50, p95, p99 in rows:
-        print(f"| {e} | {r} | {n} | {ttfc:.1f} | {tot:.1f} | {p50:.2f} | {p95:.2f} | {p99:.2f} |")
+    for e, c, r, cpu in cpu_rows:
+        print(f"| {e} | {c} | {r} | " + " | ".join(f"{cpu[k]:.2f}" for k in ("gateway", "worker", "redis", "client"))
+              + f" | {sum(cpu.values()):.2f} |")
 
 
 if __name__ == "__main__":
