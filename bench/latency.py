@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import statistics
 import struct
 import sys
@@ -170,13 +171,26 @@ async def open_room(port: int, room: str, client: str) -> Room:
     return LibraryRoom(library)
 
 
-async def one_round(rooms: list[Room], round_no: int, line_tag: str = "") -> list[float]:
-    sent: list[float] = []
-    for i, room in enumerate(rooms):
-        sent.append(time.time() * 1000)
+async def one_round(rooms: list[Room], round_no: int, line_tag: str = "", spread_ms: float = 0.0) -> list[float]:
+    """Every room says one line: all in one loop turn (a burst), or each at its own moment,
+    uniformly within ``spread_ms`` (the same moments for a round number in every run)."""
+    sent = [0.0] * len(rooms)
+
+    async def speak(i: int, room: Room, delay_s: float) -> None:
+        if delay_s:
+            await asyncio.sleep(delay_s)
+        sent[i] = time.time() * 1000
         # Never the same line twice in one run (``line_tag`` differs per configuration): a repeat
         # would be served from the audio cache, not synthesized.
         await room.say_line(f"{TEXT} {line_tag}{round_no}-{i}", round_no)
+
+    if spread_ms > 0:
+        moments = random.Random(round_no)
+        await asyncio.gather(*(speak(i, room, moments.uniform(0, spread_ms) / 1000)
+                               for i, room in enumerate(rooms)))
+    else:
+        for i, room in enumerate(rooms):
+            await speak(i, room, 0.0)
     await asyncio.gather(*(r.wait_end(round_no, 30) for r in rooms))
     # ``end`` arrives before the audio finishes playing; a `say` sent before the room is quiet is
     # scheduled after it (gapless), which would count the room's own playback as latency. Wait
@@ -200,13 +214,14 @@ def pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
-async def measure(port: int, rooms: int, rounds: int, tag: str, line_tag: str, client: str) -> list[float]:
+async def measure(port: int, rooms: int, rounds: int, tag: str, line_tag: str, client: str,
+                  spread_ms: float) -> list[float]:
     clients = [await open_room(port, f"bench-{tag}-{client}-{rooms}-{i}", client) for i in range(rooms)]
     try:
         samples: list[float] = []
-        await one_round(clients, 1, line_tag)  # warm-up (connections, engine caches)
+        await one_round(clients, 1, line_tag, spread_ms)  # warm-up (connections, engine caches)
         for r in range(2, rounds + 2):
-            samples += await one_round(clients, r, line_tag)
+            samples += await one_round(clients, r, line_tag, spread_ms)
         return samples
     finally:
         for c in clients:
@@ -233,6 +248,9 @@ def main() -> None:
     parser.add_argument("--rooms", default="1,10,100")
     parser.add_argument("--engines", default="espeak,synthetic,synthetic-batch",
                         help="which of espeak, synthetic, synthetic-batch to run")
+    parser.add_argument("--spread-ms", type=float, default=0.0,
+                        help="0: every room's line in one loop turn (a burst); N: each room at its own "
+                             "moment within N ms (rooms active together, lines not synchronised)")
     parser.add_argument("--clients", default="lean",
                         help="lean (bench/_wsclient.py), websockets (the tests' library client), or both")
     args = parser.parse_args()
@@ -276,7 +294,7 @@ def main() -> None:
                         procs = {"gateway": gateway.pid, "worker": worker.pid, "redis": redis_pid,
                                  "client": os.getpid()}
                         before = cpu_seconds(procs)
-                        total = _run(measure(port, rooms, args.rounds, label, tag, client))
+                        total = _run(measure(port, rooms, args.rounds, label, tag, client, args.spread_ms))
                         after = cpu_seconds(procs)
                         lines = rooms * (args.rounds + 1)  # with the warm-up round
                         cpu = {k: (after[k] - before[k]) * 1000 / lines for k in procs}
@@ -288,7 +306,8 @@ def main() -> None:
                 gateway.stop()
                 worker.stop()
     print(f"\nserver-added latency (say -> first audio frame, minus engine time to first chunk); "
-          f"{args.rounds} rounds per row\n")
+          f"{args.rounds} rounds per row; lines of a round "
+          f"{f'spread over {args.spread_ms:.0f} ms' if args.spread_ms else 'sent in one burst'}\n")
     print("| engine | client | rooms at once | samples | engine TTFC ms | total p50 ms | added p50 ms "
           "| added p95 ms | added p99 ms |")
     print("|---|---|---|---|---|---|---|---|---|")
