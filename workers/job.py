@@ -119,3 +119,18 @@ class Utterance:
     """Room-clock time the engine was called (``job.time_ms`` is when the gateway accepted it)."""
     read_ms: float | None = None
     """Room-clock time this worker read the job from Redis."""
+    source: str | None = None
+    """Who fills ``slices``, ``"engine"`` or ``"cache"``, decided once by :meth:`claim`."""
+    _claim_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def claim(self, source: str) -> bool:
+        """Make ``source`` the one that fills ``slices``, unless the other already is; ``True``
+        when ``source`` owns them. A continuous engine starts a line while its cache lookup is
+        still out (workers/context.py): whichever has audio first owns the line, so its slices
+        are never a mix of the two, and the loser stops (the engine's row) or steps aside (a hit
+        that came too late)."""
+        if self.source is None:
+            with self._claim_lock:
+                if self.source is None:
+                    self.source = source
+        return self.source == source

@@ -1,6 +1,7 @@
 """A continuous-batching engine in a context: rows join the running batch at any moment, each
 starts ``ttfc`` after its own arrival (no batch window), one thread serves them all, and a
-cancelled row stops alone. The engine is the synthetic benchmark engine (it sleeps instead of
+cancelled row stops alone; a line in the audio cache is taken from the engine that already
+started it, unless the engine's audio began first. The engine is the synthetic benchmark engine (it sleeps instead of
 computing), driven by the real context code with real threads."""
 
 from __future__ import annotations
@@ -8,11 +9,15 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import uuid
 
 import numpy as np
+import pytest
+from redis.asyncio import Redis
 
 from voxroom.protocol import ROOM_RATE, SLICE_SAMPLES
 from voxroom.voices import Catalog
+from workers.cache import AudioCache
 from workers.context import Context
 from workers.engines.synthetic import SyntheticEngine
 from workers.job import Job, SliceBuffer, Utterance
@@ -76,3 +81,87 @@ async def test_rows_join_a_running_batch_and_each_starts_on_its_own_clock() -> N
     finally:
         runner.cancel()
         ctx.close()
+
+
+def _tone(slices: int) -> bytes:
+    """A 440 Hz tone, whole slices: audio no engine here would make, so its source is certain."""
+    t = np.arange(slices * SLICE_SAMPLES) / ROOM_RATE
+    return (8000 * np.sin(2 * np.pi * 440 * t)).astype("<i2").tobytes()
+
+
+class _SlowCache(AudioCache):
+    """A real cache whose answers come late (as from a Redis far away or busy)."""
+
+    async def get(self, fp: str) -> bytes | None:
+        await asyncio.sleep(0.15)
+        return await super().get(fp)
+
+
+async def _cached_context(redis: Redis, ttfc_ms: float, cache_class: type[AudioCache] = AudioCache,
+                          ) -> tuple[Context, SyntheticEngine, AudioCache]:
+    engine = SyntheticEngine(ttfc_ms=ttfc_ms, rtf=0.05, max_batch=16, continuous=True)
+    catalog = worker_catalog(Catalog.load(), {"synthetic"})
+    ctx = Context("cpu#0", "cpu", {"synthetic": engine}, catalog, queue_size=8, inflight=16)
+    ctx.cache = cache_class(redis, slots=64, lru_entries=0)
+    return ctx, engine, ctx.cache
+
+
+async def test_a_cache_hit_takes_the_line_from_an_engine_already_started(redis_url: str) -> None:
+    """A continuous engine starts every line at once and the cache lookup runs beside it. A hit
+    answers long before a first chunk: the line is the cached audio, exactly, early, and the
+    engine's row is dropped (nothing synthesized). A miss beside it starts on the engine's clock,
+    not a round trip later."""
+    redis = Redis.from_url(redis_url)
+    ctx, engine, cache = await _cached_context(redis, ttfc_ms=300.0)
+    runner = asyncio.create_task(ctx.run(lambda utt: None))
+    try:
+        tag = uuid.uuid4().hex[:8]
+        hit, miss = _utterance(1, f"The hunter takes aim {tag}."), _utterance(2, f"The village sleeps {tag}.")
+        stored = _tone(12)
+        assert await cache.put(ctx._fingerprint(engine, hit), stored)
+        arrived = time.perf_counter()
+        await ctx.queue.put(hit)
+        await ctx.queue.put(miss)
+        (hit_ms, hit_audio), (miss_ms, miss_audio) = await asyncio.wait_for(
+            asyncio.gather(_drain(hit, arrived), _drain(miss, arrived)), 10)
+        assert hit.source == "cache" and miss.source == "engine"
+        assert hit_audio.tobytes() == stored, "the cached samples, nothing of the engine's"
+        assert hit_ms < 150, f"a hit waits for no engine: {hit_ms:.0f} ms"
+        assert 300 - 5 <= miss_ms <= 300 + 60, miss_ms
+        assert abs(miss_audio.size / ROOM_RATE - engine.duration_s(miss.job.text)) <= SLICE_SAMPLES / ROOM_RATE + 1e-9
+        # Past the hit's own first-chunk time: its row was dropped, nothing of it was added.
+        await asyncio.sleep(0.1)
+        assert hit.slices.produced == len(stored) // (2 * SLICE_SAMPLES)
+        assert ctx.audio_seconds == pytest.approx(engine.duration_s(miss.job.text), abs=1e-3), "only the miss"
+        assert await cache.get(ctx._fingerprint(engine, hit)) == stored, "the hit's entry untouched"
+    finally:
+        runner.cancel()
+        ctx.close()
+        await cache.aclose()
+        await redis.aclose()
+
+
+async def test_a_hit_that_comes_after_the_engine_began_steps_aside(redis_url: str) -> None:
+    """The other way round: the engine's first chunk (20 ms) comes before the lookup's answer
+    (150 ms). The engine owns the line: its audio plays whole, the late hit changes nothing."""
+    redis = Redis.from_url(redis_url)
+    ctx, engine, cache = await _cached_context(redis, ttfc_ms=20.0, cache_class=_SlowCache)
+    runner = asyncio.create_task(ctx.run(lambda utt: None))
+    try:
+        utt = _utterance(1, f"The witch brews a potion {uuid.uuid4().hex[:8]}.")
+        stored = _tone(12)
+        assert await cache.put(ctx._fingerprint(engine, utt), stored)
+        arrived = time.perf_counter()
+        await ctx.queue.put(utt)
+        first_ms, audio = await asyncio.wait_for(_drain(utt, arrived), 10)
+        await asyncio.sleep(0.3)  # the late hit has come and gone
+        assert utt.source == "engine" and utt.error is None and not utt.cancel.is_set()
+        assert first_ms < 140, first_ms
+        assert abs(audio.size / ROOM_RATE - engine.duration_s(utt.job.text)) <= SLICE_SAMPLES / ROOM_RATE + 1e-9
+        assert audio.tobytes()[:len(stored)] != stored
+        assert utt.slices.produced == audio.size // SLICE_SAMPLES, "nothing was added after the end"
+    finally:
+        runner.cancel()
+        ctx.close()
+        await cache.aclose()
+        await redis.aclose()
