@@ -5,14 +5,17 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
 from tests.conftest import Stack
+from tests.support.processes import start_gateway, start_worker
 from tests.support.room_client import RoomClient
 from voxroom import keys
+from voxroom.redis_server import RedisServer
 
 
 async def heartbeat_after(redis: Redis, after_ms: float, timeout: float = 8.0) -> dict[str, str]:
@@ -77,3 +80,33 @@ async def test_hits_and_bytes_are_in_the_gateway_metrics(stack: Stack, room: str
     assert hits >= 1
     assert families["voxroom_cache_misses"].type == "counter"
     assert sum(s.value for s in families["voxroom_cache_served_bytes"].samples) > 0
+
+
+async def test_a_continuous_engine_repeats_a_line_from_the_cache_without_waiting_for_it(tmp_path: Path) -> None:
+    """Over real processes, with a continuous-batching engine (which starts every line at once
+    and looks it up beside): the repeat is the same samples, and it comes long before the
+    engine's 400 ms to first chunk, which the first take waited for."""
+    with RedisServer() as redis:
+        worker = start_worker(redis.url, tmp_path, engine="synthetic", contexts=1,
+                              VOXROOM_SYNTHETIC_CONTINUOUS="1", VOXROOM_SYNTHETIC_MAX_BATCH="8",
+                              VOXROOM_SYNTHETIC_TTFC_MS="400", VOXROOM_CONTEXT_INFLIGHT="8")
+        gateway, port = start_gateway(redis.url, tmp_path)
+        try:
+            text = f"The mayor counts the votes {random.randint(1000, 9999)} times."
+            async with RoomClient(port, "cache-continuous") as client:
+                said = []
+                for n in (1, 2):
+                    said.append(time.time() * 1000)
+                    await client.say(text, voice="en-espeak")
+                    await client.wait_ends(n)
+            assert [e["status"] for e in client.got.ends()] == ["ok", "ok"]
+            one, two = client.got.frames_of(1), client.got.frames_of(2)
+            assert len(one) == len(two) > 20
+            assert [f.payload for f in one] == [f.payload for f in two], "the repeat is the cached samples"
+            first_audio = [client.got.frame_times[client.got.frames.index(frames[0])] - t
+                           for frames, t in ((one, said[0]), (two, said[1]))]
+            assert first_audio[0] >= 400, first_audio
+            assert first_audio[1] < 300, f"a hit does not wait for the engine's first chunk: {first_audio}"
+        finally:
+            gateway.stop()
+            worker.stop()
