@@ -7,6 +7,7 @@ import threading
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -101,6 +102,10 @@ class SliceBuffer:
         return self._closed and not self._items
 
 
+Source = Literal["engine", "cache"]
+"""What fills an utterance's slices: its engine, or the audio cache."""
+
+
 @dataclass(slots=True)
 class Utterance:
     """A job in flight: the synthesis thread fills ``slices``; the publisher drains it.
@@ -119,11 +124,11 @@ class Utterance:
     """Room-clock time the engine was called (``job.time_ms`` is when the gateway accepted it)."""
     read_ms: float | None = None
     """Room-clock time this worker read the job from Redis."""
-    source: str | None = None
-    """Who fills ``slices``, ``"engine"`` or ``"cache"``, decided once by :meth:`claim`."""
+    source: Source | None = None
+    """Who fills ``slices``, decided once by :meth:`claim`."""
     _claim_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def claim(self, source: str) -> bool:
+    def claim(self, source: Source) -> bool:
         """Make ``source`` the one that fills ``slices``, unless the other already is; ``True``
         when ``source`` owns them. A continuous engine starts a line while its cache lookup is
         still out (workers/context.py): whichever has audio first owns the line, so its slices
