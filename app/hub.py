@@ -72,11 +72,8 @@ class _Reader:
     async def wake(self) -> None:
         # On the hub's shared pipelined connection: a hundred clients leaving at once are a
         # hundred wakes, which must not each take a pooled connection.
-        replies = await self.hub.control.group([
+        await self.hub.control.group([  # raises an error reply, as a redis-py pipeline would
             ("XADD", self.wake_key, "MAXLEN", WAKE_MAXLEN, "*", "w", 1), ("EXPIRE", self.wake_key, 3600)])
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
 
     async def run(self) -> None:
         backoff = Backoff()
@@ -123,8 +120,6 @@ def _fields(flat: list[Any] | None) -> dict[Any, Any]:
 async def _tail(control: AutoPipeline, key: str) -> str:
     """The id of the stream's last entry (``0-0`` when it has none)."""
     last = await control.call("XREVRANGE", key, "+", "-", "COUNT", 1)
-    if isinstance(last, Exception):
-        raise last
     if not last:
         return "0-0"
     entry_id = last[0][0]

@@ -62,8 +62,8 @@ def from_url(url: str, *, max_connections: int = POOL_MAX_CONNECTIONS, pool_wait
     """``Redis.from_url`` (same URL schemes and options), with writes timed as above, on a
     *blocking* pool: at ``max_connections`` commands in flight the next one waits up to
     ``pool_wait_s`` for a connection instead of failing. redis-py's default pool (100 at most,
-    since 8.x) raises ``MaxConnectionsError`` on the 101st: 150 clients leaving a gateway at once
-    (each one's room wakes the hub's reader) failed some of them before this."""
+    since 8.x) raises ``MaxConnectionsError`` on the 101st: a gateway whose clients joined while
+    a hundred others left failed those joins before this."""
     pool = BlockingConnectionPool.from_url(url, max_connections=max_connections, timeout=pool_wait_s, **options)
     client = Redis.from_pool(pool)
     if sys.version_info < (3, 12):
