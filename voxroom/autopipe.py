@@ -15,11 +15,17 @@ them; error replies are values, so one failing command never desynchronises the 
 Commands of one :meth:`AutoPipeline.group` go out back to back and in order, but without MULTI:
 a group is ordered, not atomic (use a script for atomicity, as ``EVAL`` here).
 
-**Failures.** A lost connection fails every command in flight with redis-py's
-``ConnectionError`` (what the callers' retry loops already catch) and the next command
-reconnects. A reply that takes longer than ``timeout_s`` fails everything in flight the same
-way. ``max_inflight`` commands at most are sent and unanswered; callers beyond it wait for
-replies to drain (back-pressure instead of an unbounded buffer).
+**Failures.** Error replies become redis-py's exception classes (:func:`redis_error`:
+``-LOADING`` is ``BusyLoadingError``, ``-OOM`` ``OutOfMemoryError``...), so one retry loop
+catches "Redis unavailable" (``voxroom.backoff.REDIS_DOWN``) whichever client raised it. A
+command that cannot be encoded (a lone surrogate in a string, a ``None``) fails alone, at the
+call: the others queued in the same loop turn still go out. A lost connection fails every command
+in flight with redis-py's ``ConnectionError`` and the next command reconnects. A reply that takes
+longer than ``timeout_s`` fails everything in flight the same way, after one short grace read: a
+process paused (SIGSTOP) or a loop blocked for longer than the timeout finds its replies already
+waiting in the socket, and they are not a dead Redis. ``max_inflight`` commands at most are sent
+and unanswered; callers beyond it wait for replies to drain (back-pressure instead of an
+unbounded buffer).
 
 For TLS connections (``rediss://``) the same interface runs on redis-py's own pipelines (one per
 loop turn), which keeps the batching but not the leaner path.
@@ -35,10 +41,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import hiredis
+from redis._parsers.base import BaseParser
 from redis.asyncio import Redis
 from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import DataError, ResponseError
+from redis.exceptions import DataError, OutOfMemoryError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 log = logging.getLogger("voxroom.autopipe")
@@ -49,13 +56,30 @@ Command = Sequence[Any]
 _Waiter = tuple[int, list[Any], "asyncio.Future[list[Any]]"]
 
 
+GRACE_READ_S = 1.0
+"""After ``timeout_s`` without a reply, one more read this long before giving up (see above)."""
+
+
 def pack(commands: Sequence[Command]) -> bytes:
     """RESP for ``commands`` (str, bytes, memoryview, int and float arguments), packed by hiredis:
-    a 400-argument XREAD takes 25 µs there, 65 in a Python loop and 210 in redis-py."""
+    a 400-argument XREAD takes 25 µs there, 65 in a Python loop and 210 in redis-py. Raises
+    ``DataError`` for an argument that cannot be sent (a bool, ``None``, a string with a lone
+    surrogate that has no UTF-8 form)."""
     try:
         return b"".join([hiredis.pack_command(tuple(command)) for command in commands])
-    except TypeError as exc:  # a bool, None or any other object: a bug in the caller
+    except (TypeError, UnicodeError) as exc:
         raise DataError(f"cannot send that to Redis: {exc}") from None
+
+
+def redis_error(reply: ResponseError) -> ResponseError:
+    """An error reply as redis-py's own parser would raise it (``-LOADING`` as
+    ``BusyLoadingError``, ``-OOM`` as ``OutOfMemoryError``, ``-READONLY``, ``-MASTERDOWN``...).
+    An error raised inside a script (``ERR ... OOM command not allowed ...``) counts as OOM too."""
+    message = str(reply)
+    mapped: ResponseError = BaseParser.parse_error(message)  # type: ignore[no-untyped-call]
+    if type(mapped) is ResponseError and "OOM command not allowed" in message:
+        return OutOfMemoryError(message)
+    return mapped
 
 
 class AutoPipeline:
@@ -94,12 +118,21 @@ class AutoPipeline:
         replies = await future
         for reply in replies:
             if isinstance(reply, Exception):
-                raise reply
+                raise redis_error(reply) if isinstance(reply, ResponseError) else reply
         return replies
 
     def _flush(self) -> None:
         self._scheduled = False
         queued, self._queued = self._queued, []
+        try:
+            self._send(queued)
+        except Exception as exc:  # a loop callback must not raise: its callers would wait forever
+            log.exception("autopipe: could not send a batch")
+            for _commands, future in queued:
+                if not future.done():
+                    future.set_exception(RedisConnectionError(f"could not send to redis: {exc!r}"))
+
+    def _send(self, queued: list[tuple[Sequence[Command], asyncio.Future[list[Any]]]]) -> None:
         for start in range(0, len(queued), self.max_batch):
             batch = queued[start:start + self.max_batch]
             self.batches_sent += 1
@@ -137,14 +170,17 @@ class _Wire:
 
     def send(self, batch: list[tuple[Sequence[Command], asyncio.Future[list[Any]]]]) -> None:
         waiters: list[_Waiter] = []
-        try:
-            blob = pack([command for commands, _ in batch for command in commands])
-        except DataError as exc:
-            for _, future in batch:
-                future.set_exception(exc)
-            return
+        blobs: list[bytes] = []
         for commands, future in batch:
+            try:  # per group: one caller's unsendable argument fails that caller alone
+                blobs.append(pack(commands))
+            except DataError as exc:
+                future.set_exception(exc)
+                continue
             waiters.append((len(commands), [], future))
+        if not waiters:
+            return
+        blob = b"".join(blobs)
         if self._writer is None or self._writer.is_closing():
             self._unsent.append((blob, waiters))
             if self._connecting is None:
@@ -216,17 +252,23 @@ class _Wire:
         error: Exception = RedisConnectionError("connection to redis closed")
         try:
             loop = asyncio.get_running_loop()
+            grace = False
             while True:
                 # Always a deadline, even while idle: commands written while this read was
                 # already waiting must still time out when Redis stops answering.
                 try:
-                    async with asyncio.timeout(self.timeout_s):
+                    async with asyncio.timeout(GRACE_READ_S if grace else self.timeout_s):
                         data = await reader.read(262_144)
                 except TimeoutError:
                     if self._waiters and loop.time() - self._progress >= self.timeout_s:
-                        error = RedisTimeoutError(f"no reply from redis in {self.timeout_s:.0f} s")
-                        break
+                        if grace:
+                            error = RedisTimeoutError(f"no reply from redis in {self.timeout_s:.0f} s")
+                            break
+                        # Loop time is not Redis time: after a pause (SIGSTOP, a blocked loop)
+                        # the replies may be sitting in the socket. One short read decides.
+                        grace = True
                     continue
+                grace = False
                 if not data:
                     break
                 parser.feed(data)

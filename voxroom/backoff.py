@@ -1,15 +1,26 @@
 """Capped exponential backoff for the loops that must outlive a Redis outage (hub readers, the
-worker's job reader): 0.1 s doubling to 5 s, back to 0.1 s after a success."""
+worker's job reader, every supervised loop): 0.1 s doubling to 5 s, back to 0.1 s after a success.
+
+:data:`REDIS_DOWN` is the one class of "Redis cannot serve us right now, back off and retry",
+whichever client raised it (redis-py, or ``voxroom/autopipe.py`` which maps error replies to the
+same classes): a lost connection, a timeout, a Redis still loading its AOF (``-LOADING``,
+redis-py's ``BusyLoadingError``), out of memory (``-OOM``), a replica that cannot take writes
+(``-READONLY``) or a primary that is down (``-MASTERDOWN``, ``-CLUSTERDOWN``, ``-TRYAGAIN``).
+"""
 
 from __future__ import annotations
 
 import asyncio
 
+from redis.exceptions import ClusterDownError, OutOfMemoryError, ReadOnlyError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
-"""What a Redis outage raises in redis-py: caught by retry loops, nothing else is."""
+REDIS_DOWN: tuple[type[BaseException], ...] = (
+    RedisConnectionError, RedisTimeoutError, OSError, OutOfMemoryError, ReadOnlyError, ClusterDownError,
+    TryAgainError)
+"""What an unavailable Redis raises (``BusyLoadingError`` is a ``ConnectionError``;
+``MasterDownError`` a ``ClusterDownError``): caught by retry loops, nothing else is."""
 
 
 class Backoff:

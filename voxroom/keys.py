@@ -37,6 +37,8 @@ PREFIX = "vx"
 JOBS = f"{PREFIX}:jobs"
 JOBS_GROUP = "workers"
 ROOMS = f"{PREFIX}:rooms"
+WORKERS = f"{PREFIX}:workers"
+"""zset: worker id -> time of its last heartbeat (ms). The directory reads it instead of a SCAN."""
 
 
 def room_utterances(room: str) -> str:

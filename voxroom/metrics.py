@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
@@ -43,6 +43,11 @@ ERRORS = Counter("voxroom_errors", "error messages sent to clients, by protocol 
 CONNECTIONS_REFUSED = Counter("voxroom_connections_refused",
                               "WebSockets closed at once, by close code (1008 policy, 1012 draining, 1013 full).",
                               ["code"], registry=REGISTRY)
+
+LOOP_UP = Gauge("voxroom_loop_up", "1 while a supervised background loop runs, 0 between its failure and restart "
+                "(voxroom/supervisor.py).", ["process", "loop"], registry=REGISTRY)
+LOOP_RESTARTS = Counter("voxroom_loop_restarts", "Restarts of a supervised background loop after it failed.",
+                        ["process", "loop"], registry=REGISTRY)
 
 
 class FirstAudioTimer:

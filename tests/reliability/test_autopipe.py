@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 
 import pytest
+from redis.exceptions import BusyLoadingError, DataError, OutOfMemoryError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import DataError, ResponseError
 
 from voxroom import redis_client
 from voxroom.autopipe import AutoPipeline, pack
+from voxroom.backoff import REDIS_DOWN
 from voxroom.redis_server import RedisServer
 
 
@@ -133,3 +135,82 @@ async def test_the_connection_authenticates_and_selects_the_url_database() -> No
             await auto.redis.aclose()
         await admin.aclose()
         server.stop()
+
+
+async def test_error_replies_raise_redis_py_classes_so_retry_loops_catch_them(redis_url: str) -> None:
+    """-OOM is redis-py's OutOfMemoryError, -LOADING its BusyLoadingError: both in REDIS_DOWN."""
+    server = RedisServer().start()
+    redis = redis_client.from_url(server.url, decode_responses=True)
+    auto = AutoPipeline(redis)
+    try:
+        await redis.config_set("maxmemory-policy", "noeviction")
+        await redis.config_set("maxmemory", 1)
+        with pytest.raises(OutOfMemoryError) as oom:
+            await auto.call("SET", "k", "v")
+        assert isinstance(oom.value, REDIS_DOWN)
+        with pytest.raises(OutOfMemoryError):  # a write inside a script: the same class
+            await auto.call("EVAL", "return redis.call('SET', KEYS[1], 'v')", 1, "k")
+        await redis.config_set("maxmemory", 0)
+        assert await auto.call("SET", "k", "v") == "OK"
+    finally:
+        await auto.aclose()
+        await redis.aclose()
+        server.stop()
+
+    async def loading(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.read(65536):
+            writer.write(b"-LOADING Redis is loading the dataset in memory\r\n")
+        writer.close()
+
+    fake = await asyncio.start_server(loading, "127.0.0.1", 0)
+    port = fake.sockets[0].getsockname()[1]
+    auto = AutoPipeline(redis_client.from_url(f"redis://127.0.0.1:{port}/0"))
+    try:
+        with pytest.raises(BusyLoadingError) as busy:
+            await auto.call("GET", "k")
+        assert isinstance(busy.value, REDIS_DOWN)
+    finally:
+        await auto.aclose()
+        await auto.redis.aclose()
+        fake.close()
+        await fake.wait_closed()
+
+
+async def test_a_command_that_cannot_be_encoded_fails_alone(redis_url: str) -> None:
+    """A lone surrogate (JSON "\\ud800") has no UTF-8 form: that caller gets DataError; the callers
+    queued in the same loop turn get their replies, and the pipeline keeps working."""
+    redis = redis_client.from_url(redis_url, decode_responses=True)
+    auto = AutoPipeline(redis)
+    key = _key()
+    try:
+        before = asyncio.ensure_future(auto.call("INCR", key))
+        bad = asyncio.ensure_future(auto.call("SET", key + "-x", "\ud800"))
+        after = asyncio.ensure_future(auto.group([("INCR", key), ("GET", key)]))
+        assert await before == 1
+        with pytest.raises(DataError):
+            await bad
+        assert await after == [2, "2"]
+        assert auto.batches_sent == 1, "all three were queued in one loop turn"
+        assert await auto.call("GET", key) == "2"
+    finally:
+        await auto.aclose()
+        await redis.delete(key)
+        await redis.aclose()
+
+
+async def test_a_paused_loop_is_not_a_dead_redis(redis_url: str) -> None:
+    """After the process was paused (SIGSTOP) or its loop blocked for longer than the reply
+    timeout, the replies are waiting in the socket: they are delivered, not failed."""
+    redis = redis_client.from_url(redis_url, decode_responses=True)
+    auto = AutoPipeline(redis, timeout_s=0.3)
+    try:
+        assert await auto.call("PING") == "PONG"
+        pending = asyncio.ensure_future(auto.call("ECHO", "still here"))
+        await asyncio.sleep(0)  # queued; the flush runs on the next turn
+        await asyncio.sleep(0)
+        time.sleep(1.0)  # the whole loop stops, as under SIGSTOP, well past timeout_s
+        assert await pending == "still here"
+        assert await auto.call("PING") == "PONG"
+    finally:
+        await auto.aclose()
+        await redis.aclose()
