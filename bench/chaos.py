@@ -150,7 +150,7 @@ class Listener:
                 if answer["type"] != "accepted":
                     await asyncio.sleep(max(0.3, answer.get("retry_after_ms", 300) / 1000))
             utterance = self.accepted.get(seq)
-            while utterance is not None and time.monotonic() < until and not any(
+            while utterance is not None and time.monotonic() < until and not any(  # noqa: ASYNC110
                     e[0] in ("end", "endfail") and e[1] == utterance for e in self.heard.events):
                 await asyncio.sleep(0.1)
             await asyncio.sleep(random.uniform(0.1, 0.5))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import itertools
 import os
 import socket
 import statistics
@@ -60,7 +61,7 @@ async def one_round(port: int, stalled: int) -> list[float]:
             await healthy.say(LINES[1], voice="en-espeak")
             await healthy.wait_ends(2, timeout=90)
             times = healthy.got.frame_times
-            return [b - a for a, b in zip(times, times[1:], strict=False)]
+            return [b - a for a, b in itertools.pairwise(times)]
     finally:
         for sock in socks:
             sock.close()
