@@ -10,7 +10,12 @@
     └── Overloaded             a bounded queue is full; carries ``retry_after_ms``
 
 Protocol-level problems are :class:`voxroom.protocol.ProtocolError` (kept in the pure protocol
-module); ``app/errors.py`` maps both to WebSocket error messages and close codes in one place.
+module); the room endpoint (``app/ws.py``) turns them into ``error`` messages or close codes.
+
+Redis is not in this tree: "Redis cannot serve us now" is one tuple of redis-py's own classes,
+``voxroom.backoff.REDIS_DOWN`` (connection lost, timeout, ``-LOADING``, ``-OOM``, ``-READONLY``,
+``-MASTERDOWN``); ``voxroom/autopipe.py`` raises the same classes for its error replies, so a
+retry loop catches one class whichever client raised it.
 """
 
 from __future__ import annotations
