@@ -1,9 +1,11 @@
-"""Real nginx (the Debian package) in front of two real gateways, configured from ``nginx/``.
+"""Real nginx (the Debian package) in front of two real gateways, configured from ``nginx/`` as shipped.
 
-The site file ``nginx/voxroom.conf`` and the upstream block of ``nginx/upstreams.conf`` are used
-as they are; only what must differ outside a container is rewritten: the listen address, the
-gateway addresses, and every path (pid, logs, temp files) moved into a temporary prefix so that
-nginx needs no root and no /var.
+``nginx/nginx.conf`` is used byte for byte, and ``nginx/templates/`` is filled the way the official
+nginx image's entrypoint fills it (GNU ``envsubst`` over each ``*.template``, into ``conf.d/``), with
+the documented variables only: the listen address and the gateway addresses. What must differ outside
+a container is given without editing a shipped file: ``-p``/``-c`` point nginx at a temporary prefix,
+``-g`` sets the pid file, and a drop-in beside the rendered templates moves the temp paths there, so
+that nginx needs no /var.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from tests.ops.conftest import OpsStack
 from tests.ops.test_metrics import scrape, value
@@ -28,48 +32,70 @@ from tests.support.room_client import RoomClient
 from voxroom.redis_server import free_port
 
 NGINX_DIR = ROOT / "nginx"
+TEMPLATES = NGINX_DIR / "templates"
+SUFFIX = ".template"
+# Every variable the templates use; docs/deployment.md documents each, docker-compose.yml sets each.
+VARIABLES = ("NGINX_LISTEN", "NGINX_GATEWAY_1", "NGINX_GATEWAY_2")
+# Where docker-compose.yml must mount the shipped files in the official image.
+MOUNTS = {"./nginx/nginx.conf": "/etc/nginx/nginx.conf", "./nginx/templates": "/etc/nginx/templates"}
+
+
+def template_variables(text: str) -> set[str]:
+    """The environment variables a template names (envsubst's ``$NAME`` / ``${NAME}``; nginx's own
+    variables are lower case)."""
+    return set(re.findall(r"\$\{?([A-Z][A-Z0-9_]*)", text))
+
+
+def envsubst(text: str, values: dict[str, str]) -> str:
+    """What the image's 20-envsubst-on-templates.sh does to one template: GNU envsubst, told which
+    variables to replace (the image passes every defined one; here they are the documented ones)."""
+    binary = shutil.which("envsubst")
+    if binary is None:
+        pytest.fail("envsubst is not installed: run scripts/system-deps (apt-get install gettext-base)")
+    shell_format = " ".join(f"${{{name}}}" for name in values)
+    done = subprocess.run([binary, shell_format], input=text, env=values, capture_output=True, text=True,
+                          timeout=10, check=True)
+    return done.stdout
 
 
 def render(prefix: Path, port: int, gateways: list[int]) -> Path:
-    site = (NGINX_DIR / "voxroom.conf").read_text()
-    site, n = re.subn(r"^(\s*)listen 80;", rf"\1listen 127.0.0.1:{port};", site, flags=re.M)
-    assert n == 1, "voxroom.conf should have one `listen 80;`"
-    upstreams = (NGINX_DIR / "upstreams.conf").read_text()
-    servers = "".join(f"    server 127.0.0.1:{p} max_fails=2 fail_timeout=10s;\n" for p in gateways)
-    upstreams, n = re.subn(r"(?:^\s*server \S+:8000[^\n]*\n)+", servers, upstreams, flags=re.M)
-    assert n == 1, "upstreams.conf should list its gateways as consecutive `server name:8000` lines"
-    (prefix / "upstreams.conf").write_text(upstreams)
-    (prefix / "voxroom.conf").write_text(site)
-    temps = "\n".join(f"    {kind}_temp_path {prefix}/{kind}_temp;"
-                      for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    """The shipped files under ``prefix`` as the image lays them out under /etc/nginx."""
+    assert len(gateways) == 2, "the shipped templates name two gateways"
+    values = {"NGINX_LISTEN": f"127.0.0.1:{port}",
+              **{f"NGINX_GATEWAY_{i}": f"127.0.0.1:{p}" for i, p in enumerate(gateways, 1)}}
+    assert set(values) == set(VARIABLES)
+    for template in sorted(TEMPLATES.rglob(f"*{SUFFIX}")):
+        out = prefix / "conf.d" / template.relative_to(TEMPLATES).with_suffix("")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(envsubst(template.read_text(), values))
+    # The drop-in (nginx.conf includes conf.d/voxroom/*.conf): temp paths are http-level, -g cannot set them.
+    temps = "".join(f"{kind}_temp_path {prefix}/{kind}_temp;\n"
+                    for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    (prefix / "conf.d" / "voxroom" / "zz-test-paths.conf").write_text(temps)
     conf = prefix / "nginx.conf"
-    conf.write_text(f"""daemon off;
-worker_processes 1;
-pid {prefix}/nginx.pid;
-error_log {prefix}/error.log info;
-events {{ worker_connections 1024; }}
-http {{
-    access_log {prefix}/access.log;
-{temps}
-    include {prefix}/upstreams.conf;
-    include {prefix}/voxroom.conf;
-}}
-""")
+    shutil.copyfile(NGINX_DIR / "nginx.conf", conf)
     return conf
+
+
+def nginx_command(prefix: Path, conf: Path) -> list[str]:
+    binary = shutil.which("nginx") or "/usr/sbin/nginx"
+    if not Path(binary).exists():
+        pytest.fail("nginx is not installed: run scripts/system-deps (apt-get install nginx)")
+    # `daemon off;` is also how the official image starts nginx (its CMD).
+    return [binary, "-e", str(prefix / "error.log"), "-p", f"{prefix}/", "-c", str(conf),
+            "-g", f"daemon off; pid {prefix}/nginx.pid;"]
 
 
 @contextlib.contextmanager
 def running_nginx(prefix: Path, gateways: list[int]) -> Iterator[int]:
     """Debian's nginx on a free port in front of ``gateways``; stopped on exit."""
-    binary = shutil.which("nginx") or "/usr/sbin/nginx"
-    if not Path(binary).exists():
-        pytest.fail("nginx is not installed: run scripts/system-deps (apt-get install nginx)")
     port = free_port()
-    conf = render(prefix, port, gateways)
-    base = [binary, "-e", str(prefix / "error.log"), "-p", str(prefix), "-c", str(conf)]
+    base = nginx_command(prefix, render(prefix, port, gateways))
     check = subprocess.run([*base, "-t"], capture_output=True, text=True, timeout=10)
     assert check.returncode == 0, check.stderr
-    proc = subprocess.Popen(base, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    stderr = prefix / "stderr.log"  # nginx.conf logs errors to stderr, as a container should
+    with open(stderr, "wb") as sink:
+        proc = subprocess.Popen(base, stdout=subprocess.DEVNULL, stderr=sink)
     try:
         deadline = time.monotonic() + 10
         while True:
@@ -78,12 +104,54 @@ def running_nginx(prefix: Path, gateways: list[int]) -> Iterator[int]:
                     break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"nginx did not start: {(prefix / 'error.log').read_text()}") from None
+                    raise RuntimeError(f"nginx did not start: {stderr.read_text()}") from None
                 time.sleep(0.05)
         yield port
     finally:
         proc.terminate()  # SIGTERM: fast shutdown
         proc.wait(10)
+
+
+def compose_nginx() -> tuple[dict[str, Any], set[str]]:
+    """docker-compose.yml's nginx service and the gateway services (as ``name:8000``)."""
+    services: dict[str, dict[str, Any]] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    gateways = {f"{name}:8000" for name, s in services.items() if (s.get("command") or [])[1:2] == ["gateway"]}
+    return services["nginx"], gateways
+
+
+def test_templates_use_only_the_documented_variables() -> None:
+    templates = sorted(TEMPLATES.rglob(f"*{SUFFIX}"))
+    assert templates, "nginx/templates/ holds the site"
+    used = set().union(*(template_variables(t.read_text()) for t in templates))
+    assert used == set(VARIABLES)
+    # nginx.conf is mounted as is (not a template): it must name no variable for envsubst.
+    assert not template_variables((NGINX_DIR / "nginx.conf").read_text())
+    deployment = (ROOT / "docs" / "deployment.md").read_text()
+    assert [v for v in VARIABLES if f"`{v}`" not in deployment] == []
+
+
+def test_compose_mounts_the_shipped_layout_and_sets_every_variable() -> None:
+    nginx, gateways = compose_nginx()
+    image, _, tag = nginx["image"].partition(":")
+    assert image == "nginx" and tuple(map(int, tag.split(".")[:2])) >= (1, 19), "templates need nginx:1.19+"
+    mounts = {v.split(":")[0]: v.split(":")[1] for v in nginx["volumes"]}
+    assert {k: mounts.get(k) for k in MOUNTS} == MOUNTS
+    env = {k: str(v) for k, v in (nginx.get("environment") or {}).items()}
+    assert set(env) == set(VARIABLES)
+    # Every gateway service behind nginx, and nothing else.
+    assert {v for k, v in env.items() if k.startswith("NGINX_GATEWAY_")} == gateways
+    published = {p.split(":")[-1] for p in nginx["ports"]}
+    assert published == {env["NGINX_LISTEN"]}
+
+
+def test_shipped_files_pass_nginx_t_with_the_documented_substitutions(tmp_path: Path) -> None:
+    """Nothing listens on the gateway ports: `nginx -t` only needs them to be addresses."""
+    conf = render(tmp_path, free_port(), [free_port(), free_port()])
+    rendered = "".join(p.read_text() for p in sorted((tmp_path / "conf.d").rglob("*.conf")))
+    assert "${" not in rendered and "$NGINX" not in rendered
+    check = subprocess.run([*nginx_command(tmp_path, conf), "-t"], capture_output=True, text=True, timeout=10)
+    assert check.returncode == 0, check.stderr
+    assert "test is successful" in check.stderr
 
 
 @pytest.fixture
