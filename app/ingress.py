@@ -5,6 +5,11 @@ utterances waiting (back-pressure: the client gets ``busy`` with ``retry_after_m
 utterance the room's next sequence number, records the room's voice change, and appends the
 utterance to both the room's log (readable with ``redis-cli``) and the shared job stream. Doing it
 in one script means two gateways can never hand out the same number or enqueue out of order.
+
+It also keeps the room's lifetime: every key of the room gets ``EXPIRE room_idle_ttl_s`` again, so
+a room nobody speaks in disappears from Redis that long after its last line (the worker refreshes
+``:out`` and ``:state`` as it publishes), and ``vx:rooms`` entries older than that are removed, a
+bounded number per call (docs/operations.md, "Room lifecycle").
 """
 
 from __future__ import annotations
@@ -17,25 +22,65 @@ from redis.asyncio import Redis
 
 from voxroom import keys
 from voxroom.autopipe import AutoPipeline
+from voxroom.settings import Settings
 
+STALE_ROOMS_PER_SAY = 64
+"""``vx:rooms`` entries past the idle TTL removed by one ``say`` at most: the script's cost stays
+bounded, and since one ``say`` adds at most one room, stale entries go faster than they come."""
+
+# KEYS: 1 senders, 2 seq, 3 utt, 4 jobs, 5 state, 6 rooms, 7 out.
+# ARGV: 1 sender, 2 client seq, 3 text, 4 voice, 5 now ms, 6 utt maxlen, 7 jobs maxlen, 8 room,
+#       9 max pending, 10 idle ttl s, 11 stale cutoff ms, 12 stale entries per call.
 _SAY = """
 local last = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
 if tonumber(ARGV[2]) <= last then return {0, last} end
-local seq = tonumber(redis.call('GET', KEYS[2]) or '0')
 local nxt = tonumber(redis.call('HGET', KEYS[5], 'next') or '1')
+local seq = redis.call('GET', KEYS[2])
+if not seq then
+  seq = nxt - 1
+elseif redis.call('HEXISTS', KEYS[5], 'voice') == 0 then
+  seq = tonumber(seq)
+  nxt = seq + 1
+  redis.call('HSET', KEYS[5], 'next', nxt)
+else
+  seq = tonumber(seq)
+end
 if seq - nxt + 1 >= tonumber(ARGV[9]) then return {-1, seq - nxt + 1} end
-seq = redis.call('INCR', KEYS[2])
+seq = seq + 1
+redis.call('SET', KEYS[2], seq, 'EX', ARGV[10])
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-redis.call('EXPIRE', KEYS[1], 86400)
 local prev = redis.call('HGET', KEYS[5], 'voice') or ARGV[4]
 redis.call('HSET', KEYS[5], 'voice', ARGV[4])
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[6], '*', 'seq', seq, 'text', ARGV[3], 'voice', ARGV[4],
            'sender', ARGV[1], 'client_seq', ARGV[2], 'time', ARGV[5])
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[7], '*', 'room', ARGV[8], 'seq', seq, 'text', ARGV[3],
            'voice', ARGV[4], 'prev_voice', prev, 'sender', ARGV[1], 'time', ARGV[5])
+redis.call('EXPIRE', KEYS[1], ARGV[10])
+redis.call('EXPIRE', KEYS[3], ARGV[10])
+redis.call('EXPIRE', KEYS[5], ARGV[10])
+redis.call('EXPIRE', KEYS[7], ARGV[10])
 redis.call('ZADD', KEYS[6], ARGV[5], ARGV[8])
+local stale = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', '(' .. ARGV[11], 'LIMIT', 0, ARGV[12])
+if #stale > 0 then redis.call('ZREM', KEYS[6], unpack(stale)) end
+redis.call('EXPIRE', KEYS[6], ARGV[10])
 return {1, seq}
 """
+# Why the script reads the way it does:
+# - ``:seq`` missing while ``:state`` is not: ``:state`` outlives ``:seq`` when the worker's last
+#   publish came after the last ``say`` (it refreshes ``:state``, not ``:seq``). Numbering then
+#   continues where playback stands (``next - 1``), never below it, or the new line would wait
+#   forever behind a ``next`` it can never reach.
+# - ``:state`` missing while ``:seq`` is not (every accepted line writes ``voice``, so a ``:state``
+#   without it was lost: evicted under ``maxmemory``, see docker-compose.yml): the room starts
+#   over from its last number (``next = seq + 1``; lines still pending from before are dropped as
+#   stale by the worker) instead of answering ``busy`` until ``:seq`` expires.
+# - ``EXPIRE`` on ``:out`` before the worker ever wrote it is a no-op; the worker refreshes it.
+# - ``vx:rooms`` itself expires when no line was accepted anywhere for the TTL: then every entry
+#   in it is stale, and no later ``say`` may ever come to remove them.
+
+
+def _default_idle_ttl_s() -> int:
+    return Settings().room_idle_ttl_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +92,9 @@ class SayOutcome:
 
 class Ingress:
     def __init__(self, redis: Redis, *, utterance_maxlen: int = 1000, jobs_maxlen: int = 100_000,
-                 max_pending_per_room: int = 16) -> None:
+                 max_pending_per_room: int = 16, room_idle_ttl_s: int | None = None) -> None:
+        """``room_idle_ttl_s``: a room's keys expire this long after its last accepted line
+        (``None``: the :class:`Settings` default, 3600)."""
         # Lines that many rooms send in the same loop turn share one round trip (voxroom/autopipe.py).
         # EVAL, not EVALSHA: Redis caches the compiled script by digest, and a Redis restarted
         # empty needs no NOSCRIPT retry.
@@ -55,16 +102,21 @@ class Ingress:
         self.utterance_maxlen = utterance_maxlen
         self.jobs_maxlen = jobs_maxlen
         self.max_pending = max_pending_per_room
+        self.room_idle_ttl_s = _default_idle_ttl_s() if room_idle_ttl_s is None else room_idle_ttl_s
+        if self.room_idle_ttl_s < 1:
+            raise ValueError(f"room_idle_ttl_s must be at least 1 s, not {self.room_idle_ttl_s}")
 
     async def aclose(self) -> None:
         await self._auto.aclose()
 
     async def say(self, room: str, sender: str, client_seq: int, text: str, voice: str) -> SayOutcome:
         now_ms = int(time.time() * 1000)
+        stale_before_ms = now_ms - self.room_idle_ttl_s * 1000
         status, value = await self._auto.call(
-            "EVAL", _SAY, 6, keys.room_senders(room), keys.room_seq(room), keys.room_utterances(room), keys.JOBS,
-            keys.room_state(room), keys.ROOMS,
-            sender, client_seq, text, voice, now_ms, self.utterance_maxlen, self.jobs_maxlen, room, self.max_pending)
+            "EVAL", _SAY, 7, keys.room_senders(room), keys.room_seq(room), keys.room_utterances(room), keys.JOBS,
+            keys.room_state(room), keys.ROOMS, keys.room_output(room),
+            sender, client_seq, text, voice, now_ms, self.utterance_maxlen, self.jobs_maxlen, room, self.max_pending,
+            self.room_idle_ttl_s, stale_before_ms, STALE_ROOMS_PER_SAY)
         kind: Literal["accepted", "duplicate", "busy"] = (
             "accepted" if status == 1 else "duplicate" if status == 0 else "busy")
         return SayOutcome(kind, int(value))

@@ -11,21 +11,29 @@ key                                    type      what
 ``vx:room:{room}:utt``                 stream    the room's utterance log (seq, text, voice, sender,
                                                  time), text fields only, ``MAXLEN ~``
 ``vx:room:{room}:out``                 stream    the room's output: ``start`` / ``chunk`` / ``end``
-                                                 entries; audio bytes only in the ``pcm`` field
-``vx:room:{room}:seq``                 string    last room-level utterance sequence number (INCR)
+                                                 entries; audio only in the binary ``frame`` field
+                                                 (and ``opus``, its Opus copy, while an Opus client
+                                                 listens)
+``vx:room:{room}:seq``                 string    last room-level utterance sequence number
 ``vx:room:{room}:state``               hash      ``next`` (seq allowed to play next), ``end_ms``
                                                  (room-clock time the last utterance ends),
                                                  ``voice`` (the room's current voice)
 ``vx:room:{room}:senders``             hash      sender id -> last client ``seq`` accepted (dedupe)
 ``vx:room:{room}:opus``                string    present (TTL 30 s, refreshed) while an Opus client
                                                  listens: workers add Opus copies only then
-``vx:rooms``                           zset      room -> last activity (ms); for ``voxroom rooms``
+``vx:rooms``                           zset      room -> last activity (ms); for ``voxroom rooms``;
+                                                 entries past the idle TTL are removed by ``say``
 ``vx:worker:{id}``                     hash      worker heartbeat: engines, contexts, load (TTL)
 ``vx:gw:{id}:wake:{n}``                stream    private to one gateway reader: XADD wakes its
                                                  blocked XREAD when its room set changes
 ``vx:cache:{slot}``                    hash      audio cache, one entry per slot (``fp``, ``pcm``):
                                                  slot = fingerprint mod ``cache_slots``, with a TTL
 =====================================  ========  ====================================================
+
+A room's keys (``:utt``, ``:out``, ``:seq``, ``:state``, ``:senders``) expire
+``VOXROOM_ROOM_IDLE_TTL_S`` (1 h) after its last activity: the ``say`` script refreshes them all
+and the worker refreshes ``:out`` and ``:state`` when it publishes. Keys without a TTL (``vx:jobs``
+above all) are never evicted under ``maxmemory-policy volatile-lru`` (docs/operations.md).
 
 Rooms whose id starts with ``_api-`` are private to one ``POST /v1/audio/speech`` request: they
 are deleted when it ends and are not room listings' business.
@@ -84,3 +92,10 @@ PRIVATE_ROOM_PREFIX = "_api-"
 
 def cache_slot(slot: int) -> str:
     return f"{PREFIX}:cache:{slot}"
+
+
+def room_client_claim(room: str, client: str) -> str:
+    """string (owner: gateway id and connection serial), 15 s TTL refreshed by the gateway holding
+    it, deleted when its connection ends: a self-chosen client id in use in the room
+    (app/identity.py)."""
+    return f"{PREFIX}:room:{room}:client:{client}"

@@ -4,6 +4,10 @@ The same reads as the ``redis-cli`` recipes in docs/operations.md (``ZREVRANGE v
 ``HGETALL vx:room:{id}:state``, ``XREVRANGE vx:room:{id}:utt``, ``XPENDING vx:jobs workers``,
 ``XINFO GROUPS vx:jobs``), so an operator can check one against the other. Read-only: nothing here
 writes to Redis.
+
+Rooms expire (``VOXROOM_ROOM_IDLE_TTL_S`` after their last line, see app/ingress.py): listings leave
+out ``vx:rooms`` entries older than that and rooms with no key left, even before a ``say`` has
+removed their entry, and show when each room will be gone (``expires s``).
 """
 
 from __future__ import annotations
@@ -46,6 +50,14 @@ class RoomSummary:
     output_entries: int
     backlog_ms: float
     """Audio already published and not yet played (room-clock end minus now)."""
+    expires_s: float
+    """Seconds until the room's last key expires: ``inf`` when some key has no TTL (written before
+    rooms expired), NaN when the room has no key left."""
+
+    @property
+    def gone(self) -> bool:
+        """Nothing of the room is left in Redis (its ``vx:rooms`` entry is stale)."""
+        return self.expires_s != self.expires_s
 
     @property
     def waiting(self) -> int:
@@ -62,8 +74,23 @@ class PendingJob:
     deliveries: int
 
 
+def room_keys(room: str) -> list[str]:
+    """Every key a room can have (what expires with it; ``:opus`` has its own short TTL)."""
+    return [keys.room_seq(room), keys.room_state(room), keys.room_utterances(room), keys.room_output(room),
+            keys.room_senders(room)]
+
+
+def _expires_s(pttls: Sequence[int]) -> float:
+    """When the last of a room's keys goes: PTTL is -2 for a missing key, -1 for one without TTL."""
+    if any(t == -1 for t in pttls):
+        return float("inf")
+    live = [t for t in pttls if t >= 0]
+    return max(live) / 1000.0 if live else float("nan")
+
+
 def room_summaries(r: Redis, room_ids: Sequence[str], now_ms: float | None = None) -> list[RoomSummary]:
     now = time.time() * 1000.0 if now_ms is None else now_ms
+    per_room = 5 + len(room_keys(""))  # five reads, then one PTTL per room key
     pipe = r.pipeline(transaction=False)
     for room in room_ids:
         pipe.zscore(keys.ROOMS, room)
@@ -71,23 +98,33 @@ def room_summaries(r: Redis, room_ids: Sequence[str], now_ms: float | None = Non
         pipe.hgetall(keys.room_state(room))
         pipe.xlen(keys.room_utterances(room))
         pipe.xlen(keys.room_output(room))
+        for key in room_keys(room):
+            pipe.pttl(key)
     replies: list[Any] = pipe.execute()
     out = []
     for i, room in enumerate(room_ids):
-        score, seq, state, n_utt, n_out = replies[5 * i:5 * i + 5]
+        score, seq, state, n_utt, n_out = replies[per_room * i:per_room * i + 5]
+        pttls = [int(t) for t in replies[per_room * i + 5:per_room * (i + 1)]]
         st = _fields(state or {})
         end_ms = float(st.get("end_ms") or 0.0)
         out.append(RoomSummary(
             room=room, idle_s=(now - float(score)) / 1000.0 if score is not None else float("nan"),
             last_seq=int(seq or 0), next_seq=int(st.get("next") or 1), voice=st.get("voice", ""),
-            utterances=int(n_utt), output_entries=int(n_out), backlog_ms=max(0.0, end_ms - now)))
+            utterances=int(n_utt), output_entries=int(n_out), backlog_ms=max(0.0, end_ms - now),
+            expires_s=_expires_s(pttls)))
     return out
 
 
-def list_rooms(r: Redis, limit: int = 50) -> list[RoomSummary]:
-    """The ``limit`` most recently active rooms, newest first."""
-    ids = [_s(x) for x in r.zrevrange(keys.ROOMS, 0, max(0, limit - 1))]
-    return room_summaries(r, ids)
+def list_rooms(r: Redis, limit: int = 50, *, idle_ttl_s: float | None = None,
+               now_ms: float | None = None) -> list[RoomSummary]:
+    """The ``limit`` most recently active rooms, newest first. With ``idle_ttl_s``, entries older
+    than that are left out (stale: their keys expired, a later ``say`` removes the entry); rooms
+    with no key left and private ``_api-`` rooms are always left out."""
+    now = time.time() * 1000.0 if now_ms is None else now_ms
+    low: float | str = "-inf" if idle_ttl_s is None else now - idle_ttl_s * 1000.0
+    ids = [_s(x) for x in r.zrevrangebyscore(keys.ROOMS, "+inf", low, start=0, num=max(1, limit))]
+    ids = [room for room in ids if not room.startswith(keys.PRIVATE_ROOM_PREFIX)]
+    return [s for s in room_summaries(r, ids, now) if not s.gone]
 
 
 def recent_utterances(r: Redis, room: str, count: int = 10) -> list[dict[str, str]]:
@@ -146,11 +183,16 @@ def job_groups(r: Redis) -> list[dict[str, str]]:
 
 
 def workers(r: Redis) -> dict[str, dict[str, str]]:
-    out = {}
-    for key in r.scan_iter(match=keys.worker_pattern(), count=100):
-        name = _s(key)
-        out[name.rsplit(":", 1)[-1]] = _fields(r.hgetall(name))
-    return out
+    """Live workers' heartbeats. Ids come from the ``vx:workers`` registry; a keyspace SCAN only
+    when it is empty (workers older than the registry)."""
+    ids = [_s(x) for x in r.zrange(keys.WORKERS, 0, -1)]
+    if not ids:
+        ids = [_s(key).rsplit(":", 1)[-1] for key in r.scan_iter(match=keys.worker_pattern(), count=100)]
+    pipe = r.pipeline(transaction=False)
+    for worker_id in ids:
+        pipe.hgetall(keys.worker_heartbeat(worker_id))
+    beats: list[Any] = pipe.execute() if ids else []
+    return {worker_id: _fields(hb) for worker_id, hb in zip(ids, beats, strict=True) if hb}
 
 
 # -- rendering -----------------------------------------------------------------------------------
@@ -167,6 +209,8 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 
 def _cell(value: object) -> str:
     if isinstance(value, float):
+        if value == float("inf"):
+            return "never"
         return "-" if value != value else f"{value:.1f}"  # NaN: never active
     text = str(value)
     return text if len(text) <= 48 else text[:45] + "..."
@@ -174,9 +218,10 @@ def _cell(value: object) -> str:
 
 def render_rooms(rooms: Sequence[RoomSummary], groups: Sequence[dict[str, str]],
                  live_workers: dict[str, dict[str, str]]) -> str:
-    parts = [table(["room", "idle s", "last seq", "next", "waiting", "backlog ms", "voice", "utt log", "out"],
+    parts = [table(["room", "idle s", "last seq", "next", "waiting", "backlog ms", "voice", "utt log", "out",
+                    "expires s"],
                    [[s.room, s.idle_s, s.last_seq, s.next_seq, s.waiting, s.backlog_ms, s.voice, s.utterances,
-                     s.output_entries] for s in rooms]) if rooms else "no rooms"]
+                     s.output_entries, s.expires_s] for s in rooms]) if rooms else "no rooms"]
     parts.append("")
     parts.append(table(["job group", "consumers", "pending", "lag", "last delivered"],
                        [[g.get("name"), g.get("consumers"), g.get("pending"), g.get("lag", "?"),
@@ -193,8 +238,8 @@ def render_room(summary: RoomSummary, utterances: Sequence[dict[str, str]], pend
                 output: Sequence[dict[str, str]]) -> str:
     s = summary
     now_ms = time.time() * 1000.0
-    parts = [table(["room", "idle s", "last seq", "next", "waiting", "backlog ms", "voice"],
-                   [[s.room, s.idle_s, s.last_seq, s.next_seq, s.waiting, s.backlog_ms, s.voice]]), ""]
+    parts = [table(["room", "idle s", "last seq", "next", "waiting", "backlog ms", "voice", "expires s"],
+                   [[s.room, s.idle_s, s.last_seq, s.next_seq, s.waiting, s.backlog_ms, s.voice, s.expires_s]]), ""]
 
     def status(seq: int) -> str:
         return "played" if seq < s.next_seq else "playing" if seq == s.next_seq else "waiting"
@@ -223,14 +268,15 @@ def _redis(settings: Settings) -> Redis:
 
 def cmd_rooms(settings: Settings, args: argparse.Namespace) -> int:
     with _redis(settings) as r:
-        print(render_rooms(list_rooms(r, args.limit), job_groups(r), workers(r)))
+        print(render_rooms(list_rooms(r, args.limit, idle_ttl_s=settings.room_idle_ttl_s), job_groups(r),
+                           workers(r)))
     return 0
 
 
 def cmd_room(settings: Settings, args: argparse.Namespace) -> int:
     with _redis(settings) as r:
         (summary,) = room_summaries(r, [args.room_id])
-        if summary.last_seq == 0 and summary.utterances == 0 and summary.output_entries == 0:
+        if summary.gone:
             print(f"room {args.room_id!r} has nothing in Redis")
             return 1
         print(render_room(summary, recent_utterances(r, args.room_id, args.utterances),

@@ -89,3 +89,20 @@ def test_redis_persists_and_nginx_fronts_every_gateway(services: dict[str, dict[
     dockerfile = (ROOT / "Dockerfile").read_text()
     for target in targets:
         assert re.search(rf"^FROM \S+ AS {target}$", dockerfile, re.M), target
+
+
+def _bytes(size: str) -> int:
+    """redis.conf memory units: ``4gb``, ``512mb``, ``1000000``."""
+    m = re.fullmatch(r"(\d+)(kb|mb|gb)?", size.lower())
+    assert m, size
+    return int(m.group(1)) * {"kb": 1024, "mb": 1024**2, "gb": 1024**3, None: 1}[m.group(2)]
+
+
+def test_redis_has_a_memory_budget_that_never_evicts_jobs(services: dict[str, dict[str, Any]]) -> None:
+    """``noeviction`` without ``maxmemory`` grows until the host kills Redis; ``allkeys-*`` would
+    evict ``vx:jobs`` (accepted lines). A ``volatile-*`` policy evicts only keys with a TTL:
+    rooms' keys and the audio cache, never the job stream."""
+    cmd = [_interpolate(str(part)) for part in services["redis"]["command"]]
+    assert "--maxmemory" in cmd, cmd
+    assert _bytes(cmd[cmd.index("--maxmemory") + 1]) >= 1024**3
+    assert cmd[cmd.index("--maxmemory-policy") + 1] == "volatile-lru"

