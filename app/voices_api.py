@@ -14,9 +14,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from app.body import CLOSE, BodyRefused, read_capped
 from app.state import GatewayState
 from voxroom.languages import UnknownLanguage, normalize_language
-from voxroom.protocol import ProtocolError, parse_scene
+from voxroom.protocol import ProtocolError, check_encodable, parse_scene
 from voxroom.voice_search import SYNONYMS, index_for
 from voxroom.voices import Voice
 
@@ -49,6 +50,12 @@ async def list_voices(request: Request) -> Response:
     ``?language=cantonese`` finds ``yue``) and any tag (``?gender=female&age=elderly``)."""
     state: GatewayState = request.app.state.voxroom
     wanted = dict(request.query_params)
+    # Starlette decodes %-escapes with errors="replace", so a surrogate cannot arrive today; the
+    # check keeps that true whatever decodes the query string tomorrow.
+    try:
+        check_encodable(wanted)
+    except ProtocolError as exc:
+        return api_error(400, exc.message, exc.code)
     lang = wanted.pop("language", None)
     code = None
     if lang:
@@ -90,16 +97,23 @@ async def search_voices(request: Request) -> Response:
 
 
 async def read_json(request: Request) -> dict[str, Any] | Response:
-    """The request's JSON object, or the 400/413 response to send instead."""
-    raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
-        return api_error(413, f"body over {MAX_BODY_BYTES} bytes", "too_large")
+    """The request's JSON object, or the 400/413 response to send instead. The body is read with a
+    cap (app/body.py), and every string in it must be encodable (no lone surrogate), so that
+    handlers, Redis and the JSON answer never meet one."""
+    try:
+        raw = await read_capped(request, MAX_BODY_BYTES)
+    except BodyRefused as exc:
+        return api_error(exc.status, exc.message, exc.code, headers=CLOSE)
     try:
         body = json.loads(raw or b"null")
-    except ValueError:
+    except (ValueError, RecursionError):
         return api_error(400, "body is not JSON", "bad_json")
     if not isinstance(body, dict):
         return api_error(400, "body must be a JSON object", "bad_json")
+    try:
+        check_encodable(body)
+    except ProtocolError as exc:
+        return api_error(400, exc.message, exc.code)
     return body
 
 

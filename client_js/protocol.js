@@ -33,6 +33,8 @@ export const ErrorCode = Object.freeze({
   RATE_LIMITED: 'rate_limited',
   FORBIDDEN: 'forbidden',
   SYNTHESIS_FAILED: 'synthesis_failed',
+  /** Redis unreachable for a moment: resend the same seq after `retry_after_ms` (dedupe makes it safe). */
+  UNAVAILABLE: 'unavailable',
   INTERNAL: 'internal',
 });
 

@@ -53,9 +53,12 @@ def _banner(settings: Settings, text: str) -> None:
 def _run_gateway(settings: Settings) -> None:
     import uvicorn
 
+    from app.handshake import deadline_protocol
     from app.main import create_app
 
     config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
+                            # uvicorn has no deadline on request headers of its own (slowloris).
+                            http=deadline_protocol(settings.handshake_timeout_s),
                             log_level=settings.log_level.lower(), ws_max_size=64 * 1024,
                             ws_ping_interval=20.0, ws_ping_timeout=20.0, timeout_graceful_shutdown=5,
                             # PCM and Opus do not compress; deflating every frame cost a third of

@@ -30,10 +30,16 @@ MAX_TEXT_CHARS: Final = 500
 MAX_FRAME_BYTES: Final = 8 * 1024
 MAX_VOICE_CHARS: Final = 64
 MAX_SEQ: Final = 2**53 - 1  # JSON-safe integer range: JavaScript clients must round-trip it.
+MAX_SAY_SEQ: Final = 2**31 - 1
+"""A ``say``'s own ``seq`` is 1..this. Far more lines than any client speaks, yet a client cannot jump
+its dedupe high-water mark out of reach (2**53-1 once made every later line a ``duplicate``)."""
 # \Z, not $: a bare $ also matches before a trailing newline ("room\n" would pass).
 ROOM_ID_RE: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
 VOICE_RE: Final = re.compile(r"^[A-Za-z0-9_.:+-]{1,64}\Z")
 SCENE_KEY_RE: Final = re.compile(r"^[a-z][a-z0-9_]{0,31}\Z")
+SURROGATE_RE: Final = re.compile(r"[\ud800-\udfff]")
+"""A lone surrogate: JSON's ``"\\ud800"`` (or a bad escape pair) decodes to one, and a string holding
+it cannot be encoded as UTF-8 (not to Redis, not back to the client)."""
 CONTROL_CHARS_RE: Final = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 """C0 controls and DEL, except tab, line feed and carriage return (a say's text may hold those)."""
 MAX_SCENE_TAGS: Final = 16
@@ -150,9 +156,16 @@ def decode_client_frame(data: str | bytes) -> dict[str, Any]:
             raise ProtocolError(ErrorCode.BAD_JSON, f"not JSON: {exc}") from None
         if not isinstance(obj, dict):
             raise ProtocolError(ErrorCode.BAD_JSON, "a message must be a JSON object")
+        # Only an escape can put a surrogate in: a text frame itself is valid UTF-8.
+        if "\\u" in data:
+            check_encodable(obj)
         return obj
     try:
         obj = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except UnicodeDecodeError:
+        # A well-formed map whose strings are not UTF-8 (a CESU-encoded surrogate, say): a bad
+        # field, not binary garbage, so the connection stays.
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, "a string is not valid UTF-8") from None
     except Exception as exc:  # msgpack raises a zoo of types (ExtraData, FormatError, ValueError...)
         raise ProtocolError(ErrorCode.BAD_MSGPACK, f"binary frame is not msgpack: {type(exc).__name__}",
                             fatal=True) from None
@@ -161,20 +174,49 @@ def decode_client_frame(data: str | bytes) -> dict[str, Any]:
     return obj
 
 
-def _int_field(obj: dict[str, Any], name: str, *, minimum: int = 0) -> int:
+def encodable(text: str) -> bool:
+    """``text`` can be encoded as UTF-8 (it holds no lone surrogate)."""
+    return SURROGATE_RE.search(text) is None
+
+
+def check_encodable(value: object) -> None:
+    """Raise :class:`ProtocolError` (``bad_message``) when any string in ``value`` (a decoded JSON
+    or msgpack document: keys, values, nested lists and maps) cannot be encoded as UTF-8.
+
+    Every string a client sends ends up encoded somewhere (a Redis command, an error message that
+    echoes it, a log line); one that cannot be once hung the connection, so it is refused here,
+    at the edge, for every field of every message, known or not. Iterative: a document nested
+    as deep as the decoder allows does not recurse."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if not encodable(item):
+                raise ProtocolError(ErrorCode.BAD_MESSAGE, "a string holds a lone surrogate (not valid Unicode)")
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+
+
+def _int_field(obj: dict[str, Any], name: str, *, minimum: int = 0, maximum: int = MAX_SEQ) -> int:
     value = obj.get(name)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ProtocolError(ErrorCode.BAD_MESSAGE, f"'{name}' must be an integer")
-    if not minimum <= value <= MAX_SEQ:
-        raise ProtocolError(ErrorCode.BAD_MESSAGE, f"'{name}' must be between {minimum} and {MAX_SEQ}")
+    if not minimum <= value <= maximum:
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, f"'{name}' must be between {minimum} and {maximum}")
     return value
 
 
 def parse_client_message(obj: dict[str, Any]) -> ClientMessage:
-    """Validate a raw message object. Raises :class:`ProtocolError` naming the first problem."""
+    """Validate a raw message object. Raises :class:`ProtocolError` naming the first problem.
+
+    The caller must have passed ``obj`` through :func:`decode_client_frame` (or
+    :func:`check_encodable`): strings are taken to be encodable here."""
     kind = obj.get("type")
     if kind == "say":
-        seq = _int_field(obj, "seq", minimum=1)
+        seq = _int_field(obj, "seq", minimum=1, maximum=MAX_SAY_SEQ)
         text = obj.get("text")
         if not isinstance(text, str):
             raise ProtocolError(ErrorCode.BAD_MESSAGE, "'text' must be a string", seq=seq)

@@ -22,6 +22,10 @@ MIN_SECRET_BYTES = 32  # HS256 with a shorter key is guessable; PyJWT warns belo
 SELF_CHOSEN_PREFIX = "c-"
 """Client ids a client picks itself (``?client=``) get this prefix when auth is on; token subjects
 may not start with it, so a self-chosen id can never equal one a token vouches for."""
+GENERATED_PREFIX = "g-"
+"""Client ids the gateway generates (app/identity.py) start with this; neither token subjects nor
+self-chosen ids may, so a generated id seen in ``start.sender`` cannot be spoken as."""
+RESERVED_PREFIXES = (SELF_CHOSEN_PREFIX, GENERATED_PREFIX)
 
 
 class TokenError(VoxroomError):
@@ -44,8 +48,9 @@ def mint(secret: str, room: str, role: Role, *, ttl_s: int = 3600, subject: str 
          now: float | None = None) -> str:
     if role not in ("speaker", "listener"):
         raise ValueError("role must be speaker or listener")
-    if subject and subject.startswith(SELF_CHOSEN_PREFIX):
-        raise ValueError(f"a token subject may not start with {SELF_CHOSEN_PREFIX!r} (self-chosen client ids)")
+    if subject and subject.startswith(RESERVED_PREFIXES):
+        raise ValueError(f"a token subject may not start with {' or '.join(map(repr, RESERVED_PREFIXES))} "
+                         "(self-chosen and generated client ids)")
     issued = int(now if now is not None else time.time())
     claims: dict[str, object] = {"room": room, "role": role, "iat": issued, "exp": issued + ttl_s}
     if subject:
@@ -73,6 +78,6 @@ def verify(secret: str, token: str | None, room: str) -> Grant:
     if role not in ("speaker", "listener"):
         raise TokenError("token role must be speaker or listener")
     sub = claims.get("sub")
-    if isinstance(sub, str) and sub.startswith(SELF_CHOSEN_PREFIX):
-        raise TokenError(f"token subject may not start with {SELF_CHOSEN_PREFIX!r}")
+    if isinstance(sub, str) and sub.startswith(RESERVED_PREFIXES):
+        raise TokenError(f"token subject may not start with {' or '.join(map(repr, RESERVED_PREFIXES))}")
     return Grant(room=room, role=role, subject=sub if isinstance(sub, str) else None)

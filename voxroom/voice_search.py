@@ -120,7 +120,8 @@ def embed(weighted: Mapping[str, float], dim: int = DIM) -> Vector:
         if position is not None:
             vec[position] += weight
             continue
-        h = int.from_bytes(hashlib.blake2b(feature.encode("utf-8"), digest_size=8).digest(), "big")
+        # surrogatepass: the edge refuses unencodable strings, and the index must not raise if one slips by.
+        h = int.from_bytes(hashlib.blake2b(feature.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "big")
         vec[VOCAB_DIMS + h % spare] += weight if (h >> 63) & 1 else -weight
     norm = float(np.linalg.norm(vec))
     return vec / norm if norm > 0 else vec

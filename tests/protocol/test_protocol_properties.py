@@ -33,7 +33,10 @@ def parse(data: str | bytes) -> protocol.ClientMessage:
 def assert_valid(msg: protocol.ClientMessage) -> None:
     """The invariants the gateway relies on for every message the parser lets through."""
     if isinstance(msg, Say):
-        assert 1 <= msg.seq <= protocol.MAX_SEQ
+        assert 1 <= msg.seq <= protocol.MAX_SAY_SEQ
+        # Every string that gets through can be encoded (to Redis, back to the client, to a log).
+        for text in (msg.text, msg.voice or "", *(msg.scene or {}).keys(), *(msg.scene or {}).values()):
+            text.encode("utf-8")
         assert msg.text == msg.text.strip() and 1 <= len(msg.text) <= protocol.MAX_TEXT_CHARS
         assert not protocol.CONTROL_CHARS_RE.search(msg.text)  # the espeak phonemizer raises on NUL
         assert msg.voice is None or protocol.VOICE_RE.fullmatch(msg.voice)
@@ -78,8 +81,15 @@ KEYS = st.sampled_from(["type", "seq", "text", "voice", "scene", "t", "chunk", "
 TYPES = st.sampled_from(["say", "ping", "resume", "SAY", "", "welcome", "error"])
 
 
+LONE_SURROGATE = st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF, categories=["Cs"])
+"""What JSON's ``"\\ud800"`` decodes to: a str that cannot be encoded as UTF-8."""
+UNENCODABLE = st.builds(lambda a, s, b: a + s + b, st.text(max_size=8), LONE_SURROGATE, st.text(max_size=8))
+PACK_SURROGATES = msgpack.Packer(unicode_errors="surrogatepass")
+"""Writes a surrogate as the 3 bytes UTF-8 forbids, as a hostile msgpack client can."""
+
+
 def json_values(ints: st.SearchStrategy[int]) -> st.SearchStrategy[Any]:
-    leaves = st.none() | st.booleans() | ints | EDGE_INTS | FLOATS | st.text(max_size=40)
+    leaves = st.none() | st.booleans() | ints | EDGE_INTS | FLOATS | st.text(max_size=40) | UNENCODABLE
     return st.recursive(leaves, lambda inner: st.lists(inner, max_size=4)
                         | st.dictionaries(KEYS, inner, max_size=4), max_leaves=12)
 
@@ -126,7 +136,7 @@ def test_any_json_object_gives_a_message_or_a_protocol_error(obj: dict[str, Any]
 @FAST
 @given(message_like(MSGPACK_INTS))
 def test_any_msgpack_map_gives_a_message_or_a_protocol_error(obj: dict[str, Any]) -> None:
-    check_outcome(msgpack.packb(obj))
+    check_outcome(PACK_SURROGATES.pack(obj))
 
 
 @FAST
@@ -170,7 +180,7 @@ SCENE = st.dictionaries(st.from_regex(protocol.SCENE_KEY_RE, fullmatch=True),
 
 @st.composite
 def valid_says(draw: st.DrawFn) -> dict[str, Any]:
-    obj: dict[str, Any] = {"type": "say", "seq": draw(st.integers(1, protocol.MAX_SEQ)), "text": draw(SAY_TEXT)}
+    obj: dict[str, Any] = {"type": "say", "seq": draw(st.integers(1, protocol.MAX_SAY_SEQ)), "text": draw(SAY_TEXT)}
     choice = draw(st.sampled_from(["none", "voice", "scene"]))
     if choice == "voice":
         obj["voice"] = draw(VOICE)
@@ -210,6 +220,73 @@ def test_valid_resume_and_ping_parse_the_same_from_json_and_msgpack(seq: int, ch
     ping = {"type": "ping", "t": t}
     expected = Ping(t=float(t) if t is not None else None)
     assert parse(json.dumps(ping)) == parse(msgpack.packb(ping)) == expected
+
+
+# --- unencodable strings: refused in every field of every message, the connection stays --------
+
+@st.composite
+def messages_with_a_lone_surrogate(draw: st.DrawFn) -> dict[str, Any]:
+    """A valid say, ping or resume with one string somewhere (a known field, a scene tag, an unknown
+    field's name or value, deep in a list) holding a lone surrogate."""
+    kind = draw(st.sampled_from(["say", "ping", "resume", "other"]))
+    if kind == "say":
+        obj = draw(valid_says())
+    elif kind == "ping":
+        obj = {"type": "ping", "t": 1.5}
+    elif kind == "resume":
+        obj = {"type": "resume", "seq": 1, "chunk": 0}
+    else:
+        obj = {"type": draw(st.text(min_size=1, max_size=8))}
+    bad = draw(UNENCODABLE)
+    where = draw(st.sampled_from(["type", "text", "voice", "scene_value", "scene_key", "extra_key", "extra_value",
+                                  "nested"]))
+    if where == "type":
+        obj["type"] = obj["type"] + bad
+    elif where == "text":
+        obj["text"] = "Hello " + bad
+    elif where == "voice":
+        obj.pop("scene", None)
+        obj["voice"] = bad
+    elif where == "scene_value":
+        obj.pop("voice", None)
+        obj["scene"] = {"emotion": "calm", "language": bad}
+    elif where == "scene_key":
+        obj.pop("voice", None)
+        obj["scene"] = {bad: "calm"}
+    elif where == "extra_key":
+        obj[bad] = 1
+    elif where == "extra_value":
+        obj["note"] = bad
+    else:
+        obj["note"] = [1, {"deep": [bad]}]
+    return obj
+
+
+@FAST
+@given(messages_with_a_lone_surrogate())
+@example({"type": "say", "seq": 1, "text": "\ud800"})
+@example({"type": "say", "seq": 1, "text": "hi", "scene": {"emotion": "\udfff"}})
+@example({"type": "say", "seq": 1, "text": "hi", "voice": "en-joe\udc80"})
+def test_a_lone_surrogate_anywhere_is_bad_message_and_not_fatal(obj: dict[str, Any]) -> None:
+    for frame in (json.dumps(obj), PACK_SURROGATES.pack(obj)):
+        outcome = check_outcome(frame)
+        assert isinstance(outcome, ProtocolError), (frame, outcome)
+        assert outcome.code == ErrorCode.BAD_MESSAGE and not outcome.fatal
+
+
+def test_a_surrogate_pair_is_one_character_and_is_accepted() -> None:
+    # "\ud83d\ude00" (an escaped pair) is the emoji U+1F600, not two lone surrogates.
+    msg = parse('{"type":"say","seq":1,"text":"hi \\ud83d\\ude00"}')
+    assert isinstance(msg, Say) and msg.text == "hi \U0001F600"
+
+
+@FAST
+@given(st.integers(protocol.MAX_SAY_SEQ + 1, protocol.MAX_SEQ) | st.integers(max_value=0))
+def test_a_say_seq_outside_1_to_2_31_minus_1_is_bad_message(seq: int) -> None:
+    # A say's seq is the dedupe high-water mark: 2**53-1 once made every later line a duplicate.
+    outcome = check_outcome(json.dumps({"type": "say", "seq": seq, "text": "hi"}))
+    assert isinstance(outcome, ProtocolError) and outcome.code == ErrorCode.BAD_MESSAGE
+    assert isinstance(parse(json.dumps({"type": "say", "seq": protocol.MAX_SAY_SEQ, "text": "hi"})), Say)
 
 
 # --- audio frames ------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ client is told.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import subprocess
@@ -250,3 +251,20 @@ async def test_tokens_do_not_reach_the_gateway_log(auth_gateway: tuple[Proc, int
     log = gateway.log_text()
     assert token.split(".")[2] not in log
     assert "token=[redacted]" in log, "the accept line is still logged, without the credential"
+
+
+async def test_a_token_under_a_percent_encoded_name_is_accepted_and_kept_out_of_the_log(
+        auth_gateway: tuple[Proc, int], room: str) -> None:
+    gateway, port = auth_gateway
+    token = speaker(room)
+    # "to%6Ben" is "token" once decoded, as Starlette decodes it: the gateway takes it as the token.
+    ws = await connect(f"ws://127.0.0.1:{port}/rooms/{room}/ws?to%6Ben={token}")
+    try:
+        assert (await next_json(ws, kind="welcome"))["role"] == "speaker"
+    finally:
+        await ws.close()
+    deadline = time.monotonic() + 10
+    while f"/rooms/{room}/ws?to%6Ben=[redacted]" not in gateway.log_text():
+        assert time.monotonic() < deadline, gateway.log_text()[-2000:]
+        await asyncio.sleep(0.1)
+    assert token not in gateway.log_text() and token.split(".")[2] not in gateway.log_text()

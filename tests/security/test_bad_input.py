@@ -24,6 +24,7 @@ import websockets
 
 from tests.conftest import Stack
 from tests.security.clients import QueryClient, close_of, connect, key_snapshot, next_json, refusal, ws_url
+from tests.security.gauges import wait_connections
 from tests.support.processes import Proc, start_gateway, start_worker
 from voxroom import keys
 from voxroom.protocol import MAX_FRAME_BYTES, MAX_TEXT_CHARS, CloseCode, ErrorCode
@@ -220,7 +221,7 @@ async def test_redis_like_input_writes_only_its_own_rooms_keys(quiet_stack: tupl
     await asyncio.to_thread(_wait_until_jobs_settle, redis_url)
     after = key_snapshot(redis_url)
     own = f"vx:room:{room}:".encode()
-    shared = (b"vx:jobs", b"vx:rooms")
+    shared = (b"vx:jobs", b"vx:rooms", b"vx:workers")
     # Worker heartbeats, gateway wake streams and the audio cache (slot = fingerprint mod slots, not
     # chosen by the client) are written by the servers themselves whatever is said.
     server_owned = (b"vx:worker:", b"vx:gw:", b"vx:cache:")
@@ -297,6 +298,9 @@ def _mutated_say(rng: random.Random) -> dict[str, Any]:
     return msg
 
 
+_SURROGATE_PACKER = msgpack.Packer(unicode_errors="surrogatepass")
+
+
 def _msgpackable(obj: Any) -> bytes | None:
     try:
         return bytes(msgpack.packb(obj))
@@ -307,8 +311,9 @@ def _msgpackable(obj: Any) -> bytes | None:
 def _fuzz_frame(rng: random.Random) -> tuple[str, str | bytes]:
     """One hostile frame and the name of its kind."""
     kind = rng.choices(["random_bytes", "random_text", "random_json", "mutated_say", "mutated_say_msgpack",
-                        "deep_json", "huge_number", "unicode_say", "msgpack_random", "over_8k", "over_64k", "ping"],
-                       weights=[4, 10, 15, 25, 8, 5, 6, 8, 8, 5, 0.3, 6])[0]
+                        "deep_json", "huge_number", "unicode_say", "msgpack_random", "over_8k", "over_64k", "ping",
+                        "invalid_unicode"],
+                       weights=[4, 10, 15, 25, 8, 5, 6, 8, 8, 5, 0.3, 6, 8])[0]
     if kind == "random_bytes":
         return kind, rng.randbytes(rng.choice([1, 2, 8, 64, 1000]))
     if kind == "random_text":
@@ -344,6 +349,18 @@ def _fuzz_frame(rng: random.Random) -> tuple[str, str | bytes]:
         return kind, "y" * rng.randint(MAX_FRAME_BYTES + 1, 60_000)
     if kind == "over_64k":
         return kind, "z" * (64 * 1024 + rng.randint(1, 1000))
+    if kind == "invalid_unicode":
+        # A lone surrogate in some field of a mutated message: JSON writes it as an escape, msgpack
+        # as the 3 bytes UTF-8 forbids. Both are bad_message; the connection stays.
+        msg = _mutated_say(rng)
+        msg[rng.choice(["text", "voice", "type", "note"])] = _unicode(rng, rng.randrange(5)) + chr(
+            rng.randint(0xD800, 0xDFFF))
+        if rng.random() < 0.5:
+            return kind, json.dumps(msg)
+        try:
+            return kind, bytes(_SURROGATE_PACKER.pack(msg))
+        except (OverflowError, TypeError, ValueError):
+            return kind, json.dumps(msg)
     return kind, json.dumps({"type": "ping", "t": rng.random()})
 
 
@@ -466,6 +483,8 @@ async def test_fuzz_run_leaves_the_gateway_serving_a_well_behaved_client(room: s
             ends = await good.wait_ends(1, timeout=60)
             assert ends[0]["status"] == "ok" and good.got.frames_of(ends[0]["utterance"])
             assert good.closed is None and good.got.of("error") == []
+        # Every connection's cleanup ran, whatever it sent: the gauge is back to zero.
+        assert await wait_connections(port, 0) == 0
         assert gateway.alive()
         log = gateway.log_text()
         assert "Traceback" not in log and "Exception in ASGI" not in log, log[-3000:]
