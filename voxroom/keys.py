@@ -83,6 +83,12 @@ def worker_pattern() -> str:
     return f"{PREFIX}:worker:*"
 
 
+def worker_wake(worker_id: str) -> str:
+    """Private to one worker's turn watcher (``workers/watcher.py``): an XADD wakes its blocked
+    XREAD when a room joins it. Not under ``vx:worker:`` (heartbeats only)."""
+    return f"{PREFIX}:wake:worker:{worker_id}"
+
+
 def gateway_wake(gateway_id: str, reader: int) -> str:
     return f"{PREFIX}:gw:{gateway_id}:wake:{reader}"
 

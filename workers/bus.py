@@ -2,6 +2,21 @@
 
 All the Redis commands a worker sends live here, so that the pool and the publisher can be read
 without knowing the key layout (see ``voxroom/keys.py``).
+
+**Ownership is checked by Redis, not by the worker's clock.** A job belongs to the consumer that
+the group's pending list names for it (``XPENDING vx:jobs workers <id> <id> 1``). A worker paused
+(SIGSTOP, a long GC, a frozen VM) for longer than the claim time loses its jobs to another worker
+(``XAUTOCLAIM``); when it wakes up it still believes it owns them. So every write a worker makes
+for a job (its slices, its ``end`` and turn handover, a skip past a late predecessor, its ``XACK``,
+the refresh of its idle time) is a script that first checks that the pending list still names this
+consumer, and does nothing otherwise: the stale worker's writes are refused by Redis, atomically
+with the check. The caller then drops the job silently (:class:`OwnershipLost`).
+
+**Room keys expire.** Every publish and finish refreshes ``EXPIRE room_idle_ttl_s`` on the room's
+output stream and state hash, and the output stream is trimmed by time (``XADD ... MINID ~`` the
+resume window) instead of by a count: a room nobody speaks in for an hour leaves nothing behind.
+Private API rooms (``_api-*``) get a TTL only when they have none: their gateway deletes them, or
+sets a short TTL when the caller left, and a worker must not lengthen it.
 """
 
 from __future__ import annotations
@@ -16,8 +31,15 @@ from voxroom import keys
 from voxroom.autopipe import AutoPipeline
 from voxroom.redis_client import POOL_MAX_CONNECTIONS, POOL_WAIT_S
 from workers.job import Job
+from workers.watcher import TurnWatcher
 
 log = logging.getLogger("voxroom.worker.bus")
+
+
+class OwnershipLost(Exception):
+    """Redis refused a write for a job: another worker claimed it while this one was not
+    looking (paused, or cut off from Redis past the claim time). Drop the job: no more writes,
+    no ack (the new owner acks it)."""
 
 
 class Turn(NamedTuple):
@@ -31,8 +53,94 @@ class Turn(NamedTuple):
     opus_wanted: bool
 
 
+# Shared by the scripts below (each is sent whole with EVAL: see ``finish``). ``owned`` treats a
+# missing group (Redis came back empty) as "not ours": that job is gone anyway.
+_PRELUDE = """
+local function owned(jobs, group, id, consumer)
+  local p = redis.pcall('XPENDING', jobs, group, id, id, 1)
+  if type(p) ~= 'table' or p.err then return false end
+  return p[1] ~= nil and p[1][2] == consumer
+end
+local function minid(window_ms)
+  if redis.replicate_commands then redis.replicate_commands() end
+  local t = redis.call('TIME')
+  return string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - tonumber(window_ms))
+end
+local function refresh(key, ttl, only_unset)
+  if only_unset == '1' then
+    if redis.call('TTL', key) == -1 then redis.call('EXPIRE', key, ttl) end
+  else
+    redis.call('EXPIRE', key, ttl)
+  end
+end
+"""
+
+_PUBLISH = _PRELUDE + """
+-- KEYS: jobs, output, state. ARGV: group, entry id, consumer, window_ms, ttl, only_unset,
+-- started ('' for none), then per entry: its number of field pairs, the pairs.
+if not owned(KEYS[1], ARGV[1], ARGV[2], ARGV[3]) then return 0 end
+local trim = minid(ARGV[4])
+local i = 8
+while i <= #ARGV do
+  local n = tonumber(ARGV[i]) * 2
+  local cmd = {'XADD', KEYS[2], 'MINID', '~', trim, '*'}
+  for j = i + 1, i + n do cmd[#cmd + 1] = ARGV[j] end
+  redis.call(unpack(cmd))
+  i = i + n + 1
+end
+if ARGV[7] ~= '' then redis.call('HSET', KEYS[3], 'started', ARGV[7]) end
+refresh(KEYS[2], ARGV[5], ARGV[6])
+refresh(KEYS[3], ARGV[5], ARGV[6])
+return 1
+"""
+
+_FINISH = _PRELUDE + """
+-- KEYS: jobs, output, state. ARGV: group, entry id, consumer, window_ms, ttl, only_unset, next,
+-- end_ms, then the end entry's field pairs. The end, the turn handover and the ack are one step.
+if not owned(KEYS[1], ARGV[1], ARGV[2], ARGV[3]) then return 0 end
+redis.call('XADD', KEYS[2], 'MINID', '~', minid(ARGV[4]), '*', unpack(ARGV, 9))
+local n = tonumber(redis.call('HGET', KEYS[3], 'next') or '1')
+if n < tonumber(ARGV[7]) then redis.call('HSET', KEYS[3], 'next', ARGV[7]) end
+local e = tonumber(redis.call('HGET', KEYS[3], 'end_ms') or '0')
+if e < tonumber(ARGV[8]) then redis.call('HSET', KEYS[3], 'end_ms', ARGV[8]) end
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+refresh(KEYS[2], ARGV[5], ARGV[6])
+refresh(KEYS[3], ARGV[5], ARGV[6])
+return 1
+"""
+
+_SKIP = _PRELUDE + """
+-- KEYS: jobs, state. ARGV: group, entry id, consumer, seq.
+if not owned(KEYS[1], ARGV[1], ARGV[2], ARGV[3]) then return 0 end
+local n = tonumber(redis.call('HGET', KEYS[2], 'next') or '1')
+if n < tonumber(ARGV[4]) then redis.call('HSET', KEYS[2], 'next', ARGV[4]) end
+return 1
+"""
+
+_ACK = _PRELUDE + """
+-- KEYS: jobs. ARGV: group, entry id, consumer.
+if not owned(KEYS[1], ARGV[1], ARGV[2], ARGV[3]) then return 0 end
+return redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+"""
+
+_TOUCH = _PRELUDE + """
+-- KEYS: jobs. ARGV: group, consumer, entry ids. Resets the idle time of the entries this
+-- consumer still owns; returns the ids it no longer owns.
+local lost = {}
+for i = 3, #ARGV do
+  if owned(KEYS[1], ARGV[1], ARGV[i], ARGV[2]) then
+    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')
+  else
+    lost[#lost + 1] = ARGV[i]
+  end
+end
+return lost
+"""
+
+
 class WorkerBus:
-    def __init__(self, redis: Redis, consumer: str, *, output_maxlen: int = 3000) -> None:
+    def __init__(self, redis: Redis, consumer: str, *, resume_window_ms: int = 120_000,
+                 room_idle_ttl_s: int = 3600) -> None:
         self.redis = redis
         # Output entries carry binary audio: the blocked read that watches a room's output stream
         # must not decode it. Same server and options, raw bytes.
@@ -43,12 +151,15 @@ class WorkerBus:
             connection_class=redis.connection_pool.connection_class, max_connections=POOL_MAX_CONNECTIONS,
             timeout=POOL_WAIT_S, **raw_kwargs))
         self.consumer = consumer
-        self.output_maxlen = output_maxlen
+        self.resume_window_ms = resume_window_ms
+        self.room_idle_ttl_s = room_idle_ttl_s
         # The per-utterance commands (turn checks, slices, ends, acks) of every room this worker
         # publishes share pipelines (voxroom/autopipe.py); the blocking reads keep their own.
         self.auto = AutoPipeline(redis)
         self._reads = AutoPipeline(redis, timeout_s=30.0)
         """The job reader's own connection (its reads block; a read asks for at most 2 s)."""
+        self.watcher: TurnWatcher | None = None
+        """Set by the worker: every turn wait shares its one blocked read."""
 
     async def ensure_group(self) -> None:
         try:
@@ -68,32 +179,42 @@ class WorkerBus:
 
     async def claim_stale(self, min_idle_ms: int, count: int) -> list[Job]:
         """Jobs left pending by a consumer that went quiet (a dead worker), now ours."""
-        resp: Any = await self.redis.xautoclaim(keys.JOBS, keys.JOBS_GROUP, self.consumer,
-                                           min_idle_time=min_idle_ms, start_id="0-0", count=count)
+        resp: Any = await self.auto.call("XAUTOCLAIM", keys.JOBS, keys.JOBS_GROUP, self.consumer, min_idle_ms,
+                                         "0-0", "COUNT", count)
         # Redis 6.2 answers [cursor, entries]; 7.x adds the ids of deleted entries.
         entries = resp[1] if len(resp) >= 2 else []
-        return await self._parse(entries)
+        return await self._parse([(entry_id, dict(zip(flat[::2], flat[1::2], strict=True)) if flat is not None
+                                   else None) for entry_id, flat in entries])
 
-    async def touch(self, entry_ids: list[str]) -> None:
-        """Reset the idle time of jobs we are still working on, so nobody claims them from us."""
-        if entry_ids:
-            ids: list[Any] = list(entry_ids)
-            await self.redis.xclaim(keys.JOBS, keys.JOBS_GROUP, self.consumer, 0, ids, justid=True)
+    async def touch(self, entry_ids: list[str]) -> list[str]:
+        """Reset the idle time of jobs we are still working on, so nobody claims them from us.
+        Returns the ids that are no longer ours (another worker claimed them, or they are gone):
+        the caller drops those jobs."""
+        if not entry_ids:
+            return []
+        lost: Any = await self.auto.call("EVAL", _TOUCH, 1, keys.JOBS, keys.JOBS_GROUP, self.consumer, *entry_ids)
+        return [str(entry_id) for entry_id in lost]
 
-    async def ack(self, entry_id: str) -> None:
+    async def ack(self, job: Job) -> bool:
+        """Ack ``job`` if it is still ours (``False``: another worker owns it; nothing done)."""
+        return bool(await self.auto.call("EVAL", _ACK, 1, keys.JOBS, keys.JOBS_GROUP, job.entry_id,
+                                         self.consumer))
+
+    async def _drop_entry(self, entry_id: str) -> None:
+        """Ack an entry that was delivered to us but cannot become a job (trimmed or malformed)."""
         await self.auto.call("XACK", keys.JOBS, keys.JOBS_GROUP, entry_id)
 
     async def _parse(self, entries: list[Any]) -> list[Job]:
         jobs = []
         for entry_id, fields in entries:
             if fields is None:  # trimmed away by MAXLEN while pending
-                await self.ack(entry_id)
+                await self._drop_entry(entry_id)
                 continue
             try:
                 jobs.append(Job.from_entry(entry_id, fields))
             except (KeyError, ValueError):
                 log.warning("dropping malformed job %s: %r", entry_id, fields)
-                await self.ack(entry_id)
+                await self._drop_entry(entry_id)
         return jobs
 
     # -- room order ----------------------------------------------------------------------------
@@ -110,7 +231,10 @@ class WorkerBus:
         return bytes(last[0][0]).decode() if last else "0-0"
 
     async def wait_output(self, room: str, after_id: str, block_ms: int) -> str:
-        """Block until the room's output stream has an entry after ``after_id``; return the new tail."""
+        """Block until the room's output stream has an entry after ``after_id``; return the new tail.
+        Through the worker's one turn watcher when it has one (``workers/watcher.py``)."""
+        if self.watcher is not None:
+            return await self.watcher.wait(room, after_id, max(1, block_ms) / 1000.0)
         resp: Any = await self.raw.xread({keys.room_output(room): after_id}, block=max(1, block_ms), count=64)
         if resp:
             return bytes(resp[0][1][-1][0]).decode()
@@ -121,54 +245,62 @@ class WorkerBus:
         await self._reads.aclose()
         await self.raw.aclose()
 
-    async def skip_to(self, room: str, seq: int) -> None:
-        """Let ``seq`` play even though an earlier utterance never finished (it waited too long)."""
-        script = ("local n = tonumber(redis.call('HGET', KEYS[1], 'next') or '1') "
-                  "if n < tonumber(ARGV[1]) then redis.call('HSET', KEYS[1], 'next', ARGV[1]) end")
-        await self.redis.eval(script, 1, keys.room_state(room), seq)
+    async def skip_to(self, job: Job) -> None:
+        """Let ``job`` play even though an earlier utterance never finished (it waited too long).
+        Raises :class:`OwnershipLost` when ``job`` is no longer ours."""
+        done = await self.auto.call("EVAL", _SKIP, 2, keys.JOBS, keys.room_state(job.room), keys.JOBS_GROUP,
+                                    job.entry_id, self.consumer, job.seq)
+        if not done:
+            raise OwnershipLost(job.entry_id)
 
     # -- output --------------------------------------------------------------------------------
 
-    async def publish(self, room: str, entries: list[dict[Any, Any]], *, started: int | None = None) -> None:
-        """Append output entries; ``started``: also record that this seq's start went out."""
-        stream = keys.room_output(room)
-        commands: list[list[Any]] = []
-        for fields in entries:
-            command: list[Any] = ["XADD", stream, "MAXLEN", "~", self.output_maxlen, "*"]
-            for name, value in fields.items():
-                command += (name, value)
-            commands.append(command)
-        if started is not None:
-            commands.append(["HSET", keys.room_state(room), "started", started])
-        await self.auto.group(commands)
+    def _room_args(self, job: Job) -> list[Any]:
+        """window_ms, ttl, only_unset: the part of a write script's ARGV about the room's keys."""
+        private = job.room.startswith(keys.PRIVATE_ROOM_PREFIX)
+        return [self.resume_window_ms, self.room_idle_ttl_s, "1" if private else "0"]
 
-    async def finish(self, room: str, seq: int, end_fields: dict[str, Any], end_ms: float) -> None:
-        """Publish the ``end`` entry and pass the room's turn on, atomically. ``next`` and ``end_ms``
+    async def publish(self, job: Job, entries: list[dict[Any, Any]], *, started: int | None = None) -> None:
+        """Append output entries for ``job``; ``started``: also record that this seq's start went
+        out. One script: nothing is written unless ``job`` is still ours (:class:`OwnershipLost`)."""
+        args: list[Any] = ["EVAL", _PUBLISH, 3, keys.JOBS, keys.room_output(job.room), keys.room_state(job.room),
+                           keys.JOBS_GROUP, job.entry_id, self.consumer, *self._room_args(job),
+                           "" if started is None else started]
+        for fields in entries:
+            args.append(len(fields))
+            for name, value in fields.items():
+                args += (name, value)
+        # EVAL, not EVALSHA: Redis caches the compiled script by its digest either way, and a
+        # Redis that restarted empty needs no NOSCRIPT round trip.
+        if not await self.auto.call(*args):
+            raise OwnershipLost(job.entry_id)
+
+    async def finish(self, job: Job, end_fields: dict[str, Any], end_ms: float) -> None:
+        """Publish the ``end`` entry, pass the room's turn on and ack the job, atomically and
+        only while ``job`` is ours (:class:`OwnershipLost` otherwise). ``next`` and ``end_ms``
         only move forward: a late utterance that was skipped past must not rewind the room."""
         flat: list[Any] = []
         for name, value in end_fields.items():
             flat += [name, value]
-        # EVAL, not EVALSHA: Redis caches the compiled script by its digest either way, and a
-        # Redis that restarted empty needs no NOSCRIPT round trip.
-        await self.auto.call("EVAL", _FINISH, 2, keys.room_output(room), keys.room_state(room),
-                             seq + 1, f"{end_ms:.3f}", self.output_maxlen, *flat)
+        if not await self.auto.call("EVAL", _FINISH, 3, keys.JOBS, keys.room_output(job.room),
+                                    keys.room_state(job.room), keys.JOBS_GROUP, job.entry_id, self.consumer,
+                                    *self._room_args(job), job.seq + 1, f"{end_ms:.3f}", *flat):
+            raise OwnershipLost(job.entry_id)
 
-    async def heartbeat(self, worker_id: str, fields: dict[Any, Any], ttl_s: int) -> None:
+    # -- worker registry -----------------------------------------------------------------------
+
+    async def heartbeat(self, worker_id: str, fields: dict[Any, Any], ttl_s: int, now_ms: int) -> None:
+        """The heartbeat hash (with its TTL) and this worker's entry in the ``vx:workers``
+        registry; entries older than ``ttl_s`` (workers that died without a word) are pruned.
+        Ordered, not atomic: during an OOM the hash's TTL is still refreshed (EXPIRE is allowed
+        then), so a worker alive through an outage does not vanish from the directory."""
         key = keys.worker_heartbeat(worker_id)
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.hset(key, mapping=fields)
-        pipe.expire(key, ttl_s)
-        await pipe.execute()
+        flat: list[Any] = []
+        for name, value in fields.items():
+            flat += [name, value]
+        await self.auto.group([("HSET", key, *flat), ("EXPIRE", key, ttl_s),
+                               ("ZADD", keys.WORKERS, now_ms, worker_id),
+                               ("ZREMRANGEBYSCORE", keys.WORKERS, "-inf", f"({now_ms - ttl_s * 1000}")])
 
     async def drop_heartbeat(self, worker_id: str) -> None:
-        await self.redis.delete(keys.worker_heartbeat(worker_id))
-
-
-_FINISH = """
-redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], '*', unpack(ARGV, 4))
-local n = tonumber(redis.call('HGET', KEYS[2], 'next') or '1')
-if n < tonumber(ARGV[1]) then redis.call('HSET', KEYS[2], 'next', ARGV[1]) end
-local e = tonumber(redis.call('HGET', KEYS[2], 'end_ms') or '0')
-if e < tonumber(ARGV[2]) then redis.call('HSET', KEYS[2], 'end_ms', ARGV[2]) end
-return 1
-"""
+        await self.auto.group([("DEL", keys.worker_heartbeat(worker_id)), ("ZREM", keys.WORKERS, worker_id)])

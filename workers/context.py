@@ -10,6 +10,11 @@ Bounds (and what happens past them):
   has room, so past this bound jobs simply stay in Redis for another worker (back-pressure).
 - ``inflight``: jobs between start of synthesis and end of publishing. A finished synthesis whose
   room is still busy playing a predecessor keeps its slot until it is published.
+- Adopted jobs (claimed from a dead worker, :meth:`Context.adopt`) go ahead of the queue and may
+  pass both bounds, by at most ``inflight`` at a time. They are the lines other rooms' lines wait
+  for: when the slots are all held by lines waiting for their turn, and their predecessors can
+  only be adopted into this same pool, refusing them would hold every one of those rooms until
+  ``order_wait_ms`` skips past the lost line.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from voxroom.voices import Catalog
 from workers.cache import AudioCache, fingerprint, to_slices
 from workers.engines.base import BatchEngine, ContinuousEngine, Engine, SynthesisRequest
 from workers.job import MAX_UTTERANCE_SLICES, Utterance
+from workers.jobqueue import JobQueue
 from workers.slicer import Slice, Slicer
 
 log = logging.getLogger("voxroom.worker.context")
@@ -44,10 +50,12 @@ class Context:
         self.device = device
         self.engines = engines
         self.catalog = catalog
-        self.queue: asyncio.Queue[Utterance] = asyncio.Queue(maxsize=queue_size)
+        self.queue = JobQueue(queue_size)
         self.inflight = inflight
         self.active = 0
         """Jobs taken off the queue and not yet published."""
+        self.adopted = 0
+        """Adopted jobs held past the bounds (see the module docstring), at most ``inflight``."""
         self.batch_window_s = batch_window_ms / 1000.0
         self.max_slices = min(max_slices, MAX_UTTERANCE_SLICES)
         """One utterance's audio is cut here: 500 characters of symbols would otherwise make
@@ -62,6 +70,9 @@ class Context:
         """Jobs for a continuous engine between the queue and the engine (at most ``inflight``)."""
         self.cache: AudioCache | None = None
         """Set by the worker; a hit is published without touching the engine (workers/cache.py)."""
+        self.on_free: Callable[[], None] = _nothing
+        """Called when room opens here (a job left the queue, or finished publishing); the pool
+        sets it to wake the worker's intake."""
 
     @property
     def load(self) -> int:
@@ -95,9 +106,16 @@ class Context:
         """Take jobs off the queue forever; ``on_started`` hands each one to its publisher."""
         loop = asyncio.get_running_loop()
         while True:
-            first = await self.queue.get()
+            # The slot first, then the job: a job is either queued or active, never held in
+            # between, so ``free()`` (what the worker reads from Redis by) is exact.
             await self._slots.acquire()
+            try:
+                first = await self.queue.get()
+            except BaseException:
+                self._slots.release()
+                raise
             self.active += 1
+            self.on_free()
             engine = self._engine_for(first)
             if _continuous(engine):
                 # One runner takes every room a GPU serves: each job's cache lookup and hand-off
@@ -266,10 +284,13 @@ class Context:
                 self.cache.store_later(self._fingerprint(engine, utt), pcm)
 
     async def _gather_batch(self, engine: Engine, first: Utterance) -> list[Utterance]:
-        """More jobs for the same engine that arrive within the batch window."""
+        """More jobs for the same engine that arrive within the batch window, as many as there
+        are free slots: never a wait on a slot. Slots come back only when publishing ends, and
+        publishing cannot start before this batch is synthesized: with ``inflight`` below the
+        engine's batch, waiting here for a slot hung the context for good."""
         more: list[Utterance] = []
         deadline = time.monotonic() + self.batch_window_s
-        while len(more) + 1 < engine.max_batch:
+        while len(more) + 1 < engine.max_batch and not self._slots.locked():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
@@ -278,17 +299,34 @@ class Context:
             except TimeoutError:
                 break
             if self._engine_for(utt) is not engine:
-                await self.queue.put(utt)  # never blocks: we just took one out
+                self.queue.put_back(utt)
                 break
-            await self._slots.acquire()
+            await self._slots.acquire()  # never waits: not locked, and only this runner acquires
             self.active += 1
+            self.on_free()
             more.append(utt)
         return more
 
-    def release(self) -> None:
+    def adopt(self, utt: Utterance) -> bool:
+        """Take a job claimed from a dead worker ahead of the queue, with a slot of its own lent
+        past the ``inflight`` bound (given back, not returned to the pool, by :meth:`release`).
+        ``False`` when ``inflight`` adopted jobs are already held here."""
+        if self.adopted >= self.inflight:
+            return False
+        self.adopted += 1
+        utt.adopted = True
+        self.queue.put_first(utt)
+        self._slots.release()  # the lent slot: the runner may take it at once, whatever it waits on
+        return True
+
+    def release(self, utt: Utterance) -> None:
         """A job of this context finished publishing."""
         self.active -= 1
-        self._slots.release()
+        if utt.adopted:
+            self.adopted -= 1  # its lent slot ends with it
+        else:
+            self._slots.release()
+        self.on_free()
 
     def _engine_for(self, utt: Utterance) -> Engine:
         voice = self.catalog.get(utt.job.voice)
@@ -367,6 +405,10 @@ class Context:
             except Exception:
                 log.exception("closing engine %s", engine.name)
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _nothing() -> None:
+    pass
 
 
 def _batches(engine: Engine) -> TypeGuard[BatchEngine]:

@@ -126,6 +126,10 @@ class Utterance:
     """Room-clock time this worker read the job from Redis."""
     source: Source | None = None
     """Who fills ``slices``, decided once by :meth:`claim`."""
+    adopted: bool = False
+    """Claimed from a dead worker and held past the context's bounds (workers/context.py)."""
+    lost: bool = False
+    """Another worker owns the job now (Redis said so): drop it, write nothing more for it."""
     _claim_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def claim(self, source: Source) -> bool:

@@ -77,7 +77,7 @@ def engine_options(name: str, settings: Settings, catalog: Catalog | None = None
             source, path = ("local", found) if found else (settings.chattts_source, settings.chattts_dir)
         return {"source": source, "custom_path": path, "int8": settings.chattts_int8,
                 "bf16": settings.chattts_bf16, "empty_cache_every": settings.chattts_empty_cache_every,
-                "max_batch": settings.chattts_max_batch,
+                "max_batch": settings.chattts_max_batch, "continuous": settings.chattts_continuous,
                 "interpolation_steps": settings.chattts_interpolation_steps, "fade_ms": settings.chattts_fade_ms,
                 "seed": settings.chattts_seed, "max_new_tokens": settings.chattts_max_new_tokens,
                 "voice_lookup": catalog.get if catalog is not None else None}
@@ -103,7 +103,8 @@ def build_worker(settings: Settings, redis: Redis, *, catalog: Catalog | None = 
                        batch_window_ms=settings.batch_window_ms,
                        max_slices=settings.max_utterance_ms // SLICE_MS)
     worker = Worker(redis, pool, served, lead_ms=settings.lead_ms, order_wait_ms=settings.order_wait_ms,
-                    claim_idle_ms=settings.claim_idle_ms, output_maxlen=settings.output_stream_maxlen,
+                    claim_idle_ms=settings.claim_idle_ms, resume_window_ms=settings.resume_window_ms,
+                    room_idle_ttl_s=settings.room_idle_ttl_s,
                     opus_bitrate=settings.opus_bitrate, cache_slots=settings.cache_slots,
                     cache_entry_max_bytes=settings.cache_entry_max_bytes, cache_ttl_s=settings.cache_ttl_s,
                     cache_lru_entries=settings.cache_lru_entries)

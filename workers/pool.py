@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 
-from voxroom.errors import Overloaded
 from voxroom.voices import Catalog
 from workers.context import Context
 from workers.engines.base import Engine
@@ -39,6 +39,12 @@ class ContextPool:
             for i, device in enumerate(devices)
         ]
         self._served = frozenset(self.engine_names())
+        self.freed = asyncio.Event()
+        """Set whenever room opens in some context (a job left a queue, or finished publishing):
+        the intake loop waits on it when :meth:`free` is 0. Not only at the end of publishing: a
+        queue slot opens when synthesis takes the next job, seconds before the line has played."""
+        for ctx in self.contexts:
+            ctx.on_free = self.freed.set
 
     def engine_names(self) -> set[str]:
         return set().union(*(c.engines.keys() for c in self.contexts))
@@ -53,22 +59,35 @@ class ContextPool:
 
     def free(self) -> int:
         """How many more jobs the pool can take right now (what the worker asks Redis for)."""
-        return sum(min(c.free(), c.queue.maxsize - c.queue.qsize()) for c in self.contexts)
+        return sum(max(0, min(c.free(), c.queue.maxsize - c.queue.qsize())) for c in self.contexts)
+
+    def adoptable(self) -> int:
+        """How many jobs claimed from dead workers the pool may take past :meth:`free`."""
+        return sum(c.inflight - c.adopted for c in self.contexts)
+
+    def adopt(self, utt: Utterance, engine: str) -> Context | None:
+        """Hand a claimed job to the context holding ``engine`` with the fewest adopted jobs,
+        ahead of its queue (:meth:`Context.adopt`). ``None`` when none may adopt more."""
+        for ctx in sorted((c for c in self.contexts if engine in c.engines), key=lambda c: c.adopted):
+            if ctx.adopt(utt):
+                return ctx
+        return None
 
     def load(self) -> int:
         return sum(c.load for c in self.contexts)
 
-    def submit(self, utt: Utterance) -> Context:
-        """Queue on the least-loaded context (the first in pool order among equals). Raises
-        :class:`Overloaded` when every queue is full
-        (the worker only reads what :meth:`free` allows, so this means a bug or a race)."""
+    def submit(self, utt: Utterance, engine: str) -> Context | None:
+        """Queue ``utt`` on the least-loaded context that holds ``engine`` (the first in pool order
+        among equals). ``None`` when none of them has room: never raises. The intake loop reads
+        only what :meth:`free` allows and is the only caller, so ``None`` means the contexts differ
+        in engines (an optional engine failed to load on one); the caller leaves the job in Redis."""
         # One pass, stopping at the first idle context: with one context per room of a busy GPU
         # host (or 100 in the benchmark) a scan with a sort key cost more than the job's own start.
         best: Context | None = None
         best_load = 0
         for ctx in self.contexts:
             queued = ctx.queue.qsize()
-            if queued >= ctx.queue.maxsize:
+            if queued >= ctx.queue.maxsize or engine not in ctx.engines:
                 continue
             load = queued + ctx.active
             if best is None or load < best_load:
@@ -76,7 +95,7 @@ class ContextPool:
                 if load == 0:
                     break
         if best is None:
-            raise Overloaded("every context queue is full", retry_after_ms=500)
+            return None
         best.queue.put_nowait(utt)
         return best
 

@@ -9,6 +9,10 @@ previous utterance's end (gapless), or ``lead_ms`` from now when the room was qu
 When the engine cannot keep up with real time (ChatTTS on a CPU), a slice would be published after
 its presentation time; instead the rest of the utterance is moved later (a gap the client hears as
 a pause, never as skipped audio).
+
+Every write goes through a script that checks the job is still this worker's (``workers/bus.py``):
+when another worker took it over, :class:`workers.bus.OwnershipLost` ends the publishing at once
+and nothing more of this take reaches the room.
 """
 
 from __future__ import annotations
@@ -84,7 +88,7 @@ async def publish_utterance(bus: WorkerBus, utt: Utterance, clock: RoomClock, *,
     if turn == "timeout":
         log.warning("room %s utterance %d waited %.0f ms for its predecessor; skipping past it",
                     job.room, job.seq, order_wait_ms)
-        await bus.skip_to(job.room, job.seq)
+        await bus.skip_to(job)
         state = await bus.room_turn(job.room)
     end_ms = state.end_ms
 
@@ -133,13 +137,13 @@ async def publish_utterance(bus: WorkerBus, utt: Utterance, clock: RoomClock, *,
         # Unpaced, the first slice still goes out alone: it is what the caller waits for.
         due = next_pts - lead_ms <= clock.now_ms() if paced else 1 < chunk and len(pending) < UNPACED_BATCH
         if not (utt.slices.has_next() and due):
-            await bus.publish(job.room, pending, started=mark_started)
+            await bus.publish(job, pending, started=mark_started)
             pending, mark_started = [], None
             if first_ms is None:
                 first_ms = clock.now_ms()
         item = await utt.slices.get()
     if pending:  # also the start entry of an utterance that produced no audio at all
-        await bus.publish(job.room, pending, started=mark_started)
+        await bus.publish(job, pending, started=mark_started)
         first_ms = first_ms if first_ms is not None else clock.now_ms()
     status = "failed" if utt.error else "ok"
     duration = chunk * SLICE_MS
@@ -147,6 +151,6 @@ async def publish_utterance(bus: WorkerBus, utt: Utterance, clock: RoomClock, *,
                   "status": status, "pts_ms": f"{next_pts:.3f}"}
     if utt.error:
         end_fields["error"] = utt.error[:200]
-    await bus.finish(job.room, job.seq, end_fields, next_pts)
+    await bus.finish(job, end_fields, next_pts)
     return PublishResult(status, chunk, duration, first_ms, shifts)
 

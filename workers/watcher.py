@@ -1,0 +1,129 @@
+"""One blocked ``XREAD`` for every utterance of this worker that waits for its room's turn.
+
+An utterance whose room is still playing an earlier line waits until the room's output stream
+moves (every turn handover comes with an ``end`` entry there). Before, each waiting utterance held
+a pooled connection in a blocking ``XREAD`` of its own: up to 256 from a pool, on a host that can
+hold 8 x 64 utterances, and a connection taken per wait. Now one loop (supervised as ``turns``)
+holds one blocked ``XREAD`` over the output streams of the rooms that have a waiter, plus a private
+wake stream: a waiter for a room the read does not cover yet ``XADD``s to it, so the read starts
+again with the new room at once (the gateway's hub does the same for its rooms).
+
+Redis unavailable: the loop backs off, and wakes every waiter, which checks the turn itself (a
+waiter never sleeps past its own timeout either way).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from redis.asyncio import Redis
+
+from voxroom import keys
+from voxroom.autopipe import AutoPipeline
+from voxroom.backoff import REDIS_DOWN, Backoff
+
+log = logging.getLogger("voxroom.worker.watcher")
+
+BLOCK_MS = 5000
+"""Longest blocked read; a new waiter's room interrupts it through the wake stream."""
+WAKE_TTL_S = 3600
+
+
+def _id(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+class _Waiter:
+    __slots__ = ("after", "event", "tail")
+
+    def __init__(self, after: str) -> None:
+        self.after = after
+        self.event = asyncio.Event()
+        self.tail = after
+
+
+class TurnWatcher:
+    """``raw`` must not decode responses (output entries carry audio); ``commands`` is the
+    pipeline that sends the wake ``XADD`` (never the blocked connection itself)."""
+
+    def __init__(self, raw: Redis, commands: AutoPipeline, wake_key: str) -> None:
+        self._read = AutoPipeline(raw, timeout_s=BLOCK_MS / 1000 + 25)
+        self._commands = commands
+        self.wake_key = wake_key
+        self._waiters: dict[str, list[_Waiter]] = {}
+        self._reading: dict[str, tuple[int, int]] = {}
+        """What the read in flight covers: room -> the id it reads after."""
+        self._wake_last = "0-0"
+        self.reads = 0
+
+    async def wait(self, room: str, after_id: str, timeout_s: float) -> str:
+        """Return once the room's output stream has an entry after ``after_id`` (its id), or
+        ``after_id`` after ``timeout_s``."""
+        waiter = _Waiter(after_id)
+        self._waiters.setdefault(room, []).append(waiter)
+        try:
+            covered = self._reading.get(room)
+            if covered is None or covered > _id(after_id):
+                await self._wake()
+            try:
+                await asyncio.wait_for(waiter.event.wait(), timeout_s)
+            except TimeoutError:
+                pass
+            return waiter.tail
+        finally:
+            waiters = self._waiters.get(room)
+            if waiters is not None:
+                if waiter in waiters:
+                    waiters.remove(waiter)
+                if not waiters:
+                    del self._waiters[room]
+
+    async def _wake(self) -> None:
+        try:
+            await self._commands.group([("XADD", self.wake_key, "MAXLEN", "~", 16, "*", "w", 1),
+                                        ("EXPIRE", self.wake_key, WAKE_TTL_S)])
+        except REDIS_DOWN as exc:
+            # The read is down too, or about to be: it wakes everyone when it fails.
+            log.debug("turn watcher: wake failed: %s", exc)
+
+    async def run(self) -> None:
+        """The loop (the worker runs it under its supervisor)."""
+        backoff = Backoff()
+        while True:
+            rooms = {room: min((w.after for w in waiters), key=_id) for room, waiters in self._waiters.items()}
+            streams = {keys.room_output(room): room for room in rooms}
+            self._reading = {room: _id(after) for room, after in rooms.items()}
+            try:
+                self.reads += 1
+                resp: Any = await self._read.call("XREAD", "COUNT", 1, "BLOCK", BLOCK_MS, "STREAMS", *streams,
+                                                  self.wake_key, *rooms.values(), self._wake_last)
+                backoff.reset()
+            except REDIS_DOWN as exc:
+                self._reading = {}
+                self._wake_all()
+                log.warning("turn watcher: redis unavailable (%s); retrying in %.1f s", exc, backoff.delay)
+                await backoff.wait()
+                continue
+            self._reading = {}
+            for name, entries in resp or []:
+                stream = bytes(name).decode()
+                newest = bytes(entries[-1][0]).decode()
+                if stream == self.wake_key:
+                    self._wake_last = newest
+                    continue
+                room = streams.get(stream)
+                for waiter in self._waiters.get(room, []) if room is not None else []:
+                    if _id(waiter.after) < _id(newest):
+                        waiter.tail = newest
+                        waiter.event.set()
+
+    def _wake_all(self) -> None:
+        for waiters in self._waiters.values():
+            for waiter in waiters:
+                waiter.event.set()
+
+    async def aclose(self) -> None:
+        await self._read.aclose()
