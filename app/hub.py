@@ -4,67 +4,61 @@ A gateway serves any room, whichever worker synthesized it: it reads each room's
 (``vx:room:{room}:out``) from the moment its first local client joined. Rooms are spread over
 readers of at most ``rooms_per_reader`` rooms; each reader holds one blocked ``XREAD`` (one Redis
 connection) over all its rooms plus a private *wake* stream, so that a room joining or leaving
-interrupts the read at once instead of waiting for a timeout.
+interrupts the read at once instead of waiting for a timeout. Readers run under the gateway's
+:class:`~voxroom.supervisor.Supervisor`: one that fails is restarted (and reported by ``/readyz``
+while down); an unavailable Redis (down, loading, out of memory) is waited out with backoff.
 
 Audio entries carry the client's binary frame ready-made, so the hot path is: read, look up the
 room's clients, append the same ``bytes`` object to each client's bounded queue.
+
+A room's clients are *live* (fed by the reader) or *catching up* (a resuming client fed from Redis
+by ``app/catchup.py`` until its position reaches the reader's cursor; then it turns live in the
+same loop turn, so nothing is missed or sent twice).
+
+Joins need no lock: a room's first join reads the stream's tail (joins issued together share one
+pipelined round trip), later joins of the same room wait for that read, and the room is registered
+only once the read succeeded (a failed join leaves no half-joined room).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from app import catchup
 from app.connection import ClientConnection
+from app.entries import control_message, entry_id_str, fields
+from app.resume import ResumePoint, stop_here
 from voxroom import keys, metrics
 from voxroom.autopipe import AutoPipeline
 from voxroom.backoff import REDIS_DOWN, Backoff
-from voxroom.protocol import CODEC_OPUS, ROOM_RATE
+from voxroom.protocol import CODEC_OPUS
+from voxroom.supervisor import Supervisor
 
 log = logging.getLogger("voxroom.gateway.hub")
 
 WAKE_MAXLEN = 16
-REPLAY_BATCH = 256
 READ_BLOCK_MS = 2000
 OPUS_DEMAND_TTL_S = 30
 READ_COUNT = 512
 
 
-def control_message(fields: dict[bytes, bytes]) -> str | None:
-    """The client's JSON for a ``start`` or ``end`` entry of a room's output stream."""
-    kind = fields.get(b"kind")
-    if kind == b"start":
-        msg: dict[str, Any] = {
-            "type": "start", "utterance": int(fields[b"seq"]), "sender": fields.get(b"sender", b"").decode(),
-            "voice": fields.get(b"voice", b"").decode(), "text": fields.get(b"text", b"").decode(),
-            "pts_ms": float(fields.get(b"pts_ms", b"0")), "sample_rate": int(fields.get(b"rate", ROOM_RATE)),
-        }
-        if fields.get(b"restart"):
-            msg["restart"] = True
-    elif kind == b"end":
-        msg = {"type": "end", "utterance": int(fields[b"seq"]), "chunks": int(fields.get(b"chunks", b"0")),
-               "duration_ms": float(fields.get(b"duration_ms", b"0")),
-               "status": fields.get(b"status", b"ok").decode()}
-        if b"error" in fields:
-            msg["error"] = fields[b"error"].decode()
-    else:
-        return None
-    return json.dumps(msg, ensure_ascii=False, separators=(",", ":"))
+class ResumeRefused(Exception):
+    """A ``resume`` message that cannot be honoured without reordering what the client got."""
 
 
 class _Reader:
     def __init__(self, hub: RoomHub, index: int) -> None:
         self.hub = hub
         self.index = index
+        self.name = f"hub:reader:{index}"
         self.wake_key = keys.gateway_wake(hub.gateway_id, index)
         self.cursors: dict[str, str] = {}
+        """Room -> id of the last entry read and dispatched (or the tail when the room joined)."""
         self.task: asyncio.Task[None] | None = None
         self.wire = AutoPipeline(hub.redis, timeout_s=READ_BLOCK_MS / 1000 + 5)
         """This reader's own connection: a blocked read must not hold up anybody's commands."""
@@ -76,6 +70,8 @@ class _Reader:
             ("XADD", self.wake_key, "MAXLEN", WAKE_MAXLEN, "*", "w", 1), ("EXPIRE", self.wake_key, 3600)])
 
     async def run(self) -> None:
+        """Read and dispatch until cancelled. Redis being unavailable is waited out here; anything
+        else raises to the supervisor, which restarts this (the cursors are kept)."""
         backoff = Backoff()
         wake_cursor: str | None = None
         while True:
@@ -108,22 +104,17 @@ class _Reader:
                     continue
                 room = name[len(keys.PREFIX) + len(":room:"):-len(":out")]
                 if room in self.cursors:
+                    # Cursor moved and entries dispatched with no await in between: a catching-up
+                    # client that compares its position with the cursor sees a consistent pair.
                     self.cursors[room] = last
-                    self.hub.dispatch(room, [(entry_id, _fields(flat)) for entry_id, flat in entries])
-
-
-def _fields(flat: list[Any] | None) -> dict[Any, Any]:
-    """A stream entry's ``[field, value, field, value...]`` as a dict (RESP2, as read raw)."""
-    return dict(zip(flat[::2], flat[1::2], strict=True)) if flat else {}
+                    self.hub.dispatch(room, [(entry_id, fields(flat)) for entry_id, flat in entries])
+            self.hub.pulse()
 
 
 async def _tail(control: AutoPipeline, key: str) -> str:
     """The id of the stream's last entry (``0-0`` when it has none)."""
     last = await control.call("XREVRANGE", key, "+", "-", "COUNT", 1)
-    if not last:
-        return "0-0"
-    entry_id = last[0][0]
-    return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+    return entry_id_str(last[0][0]) if last else "0-0"
 
 
 class RoomHub:
@@ -133,113 +124,175 @@ class RoomHub:
     """
 
     def __init__(self, redis: Redis, gateway_id: str, *, rooms_per_reader: int = 200,
-                 on_frame: Callable[[int], None] | None = None) -> None:
+                 on_frame: Callable[[int], None] | None = None, supervisor: Supervisor | None = None) -> None:
         self.redis = redis
         self.gateway_id = gateway_id
         self.rooms_per_reader = rooms_per_reader
+        self.supervisor = supervisor or Supervisor("gateway")
         self.control = AutoPipeline(redis)
-        """Joins' and leaves' small commands, pipelined on one connection."""
+        """Joins', leaves' and catch-ups' commands, pipelined on one connection."""
         self.rooms: dict[str, set[ClientConnection]] = {}
+        """Room -> its live clients (may be empty while all its clients are catching up)."""
+        self.catching: dict[str, set[ClientConnection]] = {}
+        self._catchups: dict[ClientConnection, asyncio.Task[None]] = {}
         self._reader_of: dict[str, _Reader] = {}
         self._readers: list[_Reader] = []
-        self._lock = asyncio.Lock()
+        self._joining: dict[str, asyncio.Future[None]] = {}
+        self._advanced = asyncio.Event()
         self._on_frame = on_frame
         self.frames_in = 0
 
-    async def join(self, client: ClientConnection) -> None:
-        """Add a client; from now on it gets every entry after ``client.joined_at``."""
+    async def join(self, client: ClientConnection, resume: ResumePoint | None = None, *,
+                   welcome: str | None = None) -> None:
+        """Add a client. Without ``resume`` it gets every entry after ``client.joined_at`` (the
+        room's tail now). With ``resume`` it first gets what the room published after that
+        point, read from Redis at the pace it drains, then live entries: in order, each once.
+        ``welcome`` is queued the moment the client becomes a member, ahead of all of that."""
         if client.codec == CODEC_OPUS:
-            await self._want_opus([client.room])
-        async with self._lock:
-            members = self.rooms.get(client.room)
-            if members is not None:
-                members.add(client)
-                # The reader dispatches synchronously right after moving its cursor, so entries up
-                # to the cursor went to the others and everything after it reaches this client too.
-                client.joined_at = self._reader_of[client.room].cursors[client.room]
-                return
-            # Start from the stream's current tail: nothing published after this join is missed.
-            # Read before the room is registered, so that a failed read (Redis down) leaves no
-            # half-joined room behind (the endpoint's leave would find no reader for it).
-            tail = await _tail(self.control, keys.room_output(client.room))
-            reader = self._pick_reader()
-            self.rooms[client.room] = {client}
-            reader.cursors[client.room] = client.joined_at = tail
-            self._reader_of[client.room] = reader
-        await reader.wake()
-
-    async def replay(self, client: ClientConnection, seq: int, chunk: int) -> int:
-        """Resume: queue for ``client`` what the room published after (utterance ``seq``, slice
-        ``chunk``) and before the client joined, ahead of the live entries. The scan is bounded by
-        the output stream's MAXLEN; what was trimmed away is gone (the client sees the gap as
-        missing chunks). Returns how many entries were queued."""
-        key = keys.room_output(client.room)
-        upper = client.joined_at or "+"
-        found: list[Any] = []
-        done = False
-        while not done:
-            batch: Any = await self.redis.xrevrange(key, max=upper, min="-", count=REPLAY_BATCH)
-            if not batch:
-                break
-            for entry_id, fields in batch:
-                entry_seq = int(fields.get(b"seq", b"0"))
-                kind = fields.get(b"kind")
-                entry_chunk = int(fields.get(b"chunk", b"-1")) if kind == b"chunk" else -1
-                if entry_seq < seq or (entry_seq == seq and (kind == b"start" or entry_chunk == chunk)):
-                    done = True
-                    break
-                if entry_seq > seq or entry_chunk > chunk or kind == b"end":
-                    found.append((entry_id, fields))
-            if len(batch) < REPLAY_BATCH:
-                break
-            last = batch[-1][0]
-            upper = "(" + (last.decode() if isinstance(last, bytes) else str(last))
-        found.reverse()
-        items: list[str | bytes] = []
-        for _entry_id, fields in found:
-            frame = fields.get(b"frame")
-            if frame is not None:
-                opus = fields.get(b"opus")
-                items.append(opus if opus is not None and client.codec == CODEC_OPUS else frame)
+            try:
+                await self._want_opus([client.room])
+            except REDIS_DOWN as exc:  # refreshed every 10 s; until then the client gets PCM
+                log.warning("could not record opus demand for room %s: %s", client.room, exc)
+        room = client.room
+        while room not in self._reader_of:
+            pending = self._joining.get(room)
+            if pending is not None:  # another client is reading this room's tail: wait for it
+                await asyncio.wait([pending])
                 continue
-            text = control_message(fields)
-            if text is not None:
-                items.append(text)
-        client.prepend(items)
-        return len(items)
+            self._joining[room] = asyncio.get_running_loop().create_future()
+            try:
+                # Read before the room is registered, so that a failed read (Redis down) leaves no
+                # half-joined room behind.
+                tail = await _tail(self.control, keys.room_output(room))
+            finally:
+                self._joining.pop(room).set_result(None)
+            reader = self._pick_reader()
+            self.rooms[room] = set()
+            self.catching[room] = set()
+            reader.cursors[room] = tail
+            self._reader_of[room] = reader
+            self._add(client, resume, welcome)
+            try:
+                await reader.wake()
+            except REDIS_DOWN as exc:  # the reader takes the room at its next read anyway
+                log.debug("could not wake hub reader %d: %s", reader.index, exc)
+            return
+        self._add(client, resume, welcome)
+
+    def _add(self, client: ClientConnection, resume: ResumePoint | None, welcome: str | None) -> None:
+        room = client.room
+        if welcome is not None:
+            client.send_text(welcome)
+        if resume is None:
+            self.rooms[room].add(client)
+            # The reader dispatches synchronously right after moving its cursor, so entries up
+            # to the cursor went to the others and everything after it reaches this client too.
+            client.joined_at = self._reader_of[room].cursors[room]
+            return
+        self.catching[room].add(client)
+        self._start_catchup(client, resume)
+
+    def _start_catchup(self, client: ClientConnection, resume: ResumePoint) -> None:
+        task = asyncio.create_task(catchup.catch_up(self, client, resume),
+                                   name=f"room:{client.room}:client:{client.client_id}:catchup")
+        self._catchups[client] = task
+        task.add_done_callback(lambda t: self._catchup_done(client, t))
+
+    def _catchup_done(self, client: ClientConnection, task: asyncio.Task[None]) -> None:
+        if self._catchups.get(client) is task:
+            del self._catchups[client]
+        _surface(task)
+
+    def cursor(self, room: str) -> str | None:
+        """The room reader's cursor: every entry up to it was dispatched to the live clients."""
+        reader = self._reader_of.get(room)
+        return reader.cursors.get(room) if reader is not None else None
+
+    def go_live(self, client: ClientConnection, at: str) -> bool:
+        """Turn a catching-up client live at cursor ``at`` (it holds every entry up to it).
+        False when the cursor moved on meanwhile (the caller reads the rest first)."""
+        room = client.room
+        if self.cursor(room) != at or client not in self.catching.get(room, ()):
+            return False
+        self.catching[room].discard(client)
+        self.rooms[room].add(client)
+        client.joined_at = at
+        return True
+
+    def pulse(self) -> None:
+        """A reader dispatched a batch: wake catch-ups waiting for a cursor to move."""
+        event, self._advanced = self._advanced, asyncio.Event()
+        event.set()
+
+    async def advanced(self, timeout_s: float) -> None:
+        """Wait until some reader dispatches again (or ``timeout_s``)."""
+        event = self._advanced
+        try:
+            async with asyncio.timeout(timeout_s):
+                await event.wait()
+        except TimeoutError:
+            pass
+
+    async def resume_later(self, client: ClientConnection, point: ResumePoint) -> bool:
+        """A ``resume`` message after the welcome. Honoured when it reorders nothing: before any
+        room entry was dispatched to this client it becomes a catch-up from ``point`` (True);
+        when ``point`` is the very entry the client joined after, nothing was missed (False).
+        Otherwise live entries already went out and the missed ones would have to come after
+        them: :class:`ResumeRefused` (the client reconnects with ``?resume=`` instead)."""
+        room = client.room
+        if client in self._catchups or client not in self.rooms.get(room, ()):
+            raise ResumeRefused("this connection is already resuming")
+        if self.cursor(room) == client.joined_at:
+            self.rooms[room].discard(client)
+            self.catching[room].add(client)
+            self._start_catchup(client, point)
+            return True
+        joined = client.joined_at or "0-0"
+        if joined != "0-0":
+            entry: Any = await self.control.call("XRANGE", keys.room_output(room), joined, joined)
+            if entry and stop_here(point, fields(entry[0][1])):
+                return False
+        raise ResumeRefused("live audio already went out on this connection: reconnect with ?resume= "
+                            "(docs/protocol.md) to get what was missed in order")
 
     async def leave(self, client: ClientConnection) -> None:
-        async with self._lock:
-            members = self.rooms.get(client.room)
-            if members is None:
-                return
-            members.discard(client)
-            if members:
-                return
-            del self.rooms[client.room]
-            reader = self._reader_of.pop(client.room)
-            reader.cursors.pop(client.room, None)
+        """Remove a client wherever it is. Never raises: it runs in the endpoint's cleanup, which
+        must free the connection's slot whatever Redis is doing."""
+        task = self._catchups.pop(client, None)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        room = client.room
+        live, catching = self.rooms.get(room), self.catching.get(room)
+        if live is None or catching is None:
+            return
+        live.discard(client)
+        catching.discard(client)
+        if live or catching:
+            return
+        del self.rooms[room], self.catching[room]
+        reader = self._reader_of.pop(room)
+        reader.cursors.pop(room, None)
         try:
             await reader.wake()
-        except (RedisConnectionError, RedisTimeoutError, OSError):
-            pass  # the reader drops the room on its next read anyway
+        except Exception as exc:  # the reader drops the room on its next read anyway
+            log.debug("could not wake hub reader %d: %s", reader.index, exc)
 
     async def _want_opus(self, rooms: list[str]) -> None:
-        pipe = self.redis.pipeline(transaction=False)
-        for room in rooms:
-            pipe.set(keys.room_opus_demand(room), 1, ex=OPUS_DEMAND_TTL_S)
-        await pipe.execute()
+        await self.control.group([("SET", keys.room_opus_demand(room), 1, "EX", OPUS_DEMAND_TTL_S)
+                                  for room in rooms])
 
     async def keep_opus_demand(self) -> None:
         """Refresh the Opus demand of rooms with Opus clients here, so workers keep encoding it;
         when the last one leaves (or this gateway dies) the key simply expires."""
         while True:
             await asyncio.sleep(OPUS_DEMAND_TTL_S / 3)
-            rooms = [room for room, members in self.rooms.items() if any(c.codec == CODEC_OPUS for c in members)]
+            rooms = [room for room, members in self.rooms.items()
+                     if any(c.codec == CODEC_OPUS for c in (*members, *self.catching.get(room, ())))]
             if rooms:
                 try:
                     await self._want_opus(rooms)
-                except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                except REDIS_DOWN as exc:
                     log.warning("could not refresh opus demand: %s", exc)
 
     def _pick_reader(self) -> _Reader:
@@ -247,8 +300,7 @@ class RoomHub:
             if len(reader.cursors) < self.rooms_per_reader:
                 return reader
         reader = _Reader(self, len(self._readers))
-        reader.task = asyncio.create_task(reader.run(), name=f"hub:reader:{reader.index}")
-        reader.task.add_done_callback(_surface)
+        reader.task = self.supervisor.spawn(reader.name, reader.run)
         self._readers.append(reader)
         return reader
 
@@ -256,35 +308,36 @@ class RoomHub:
         members = self.rooms.get(room)
         if not members:
             return
-        for _entry_id, fields in entries:
-            frame = fields.get(b"frame")
+        for _entry_id, entry in entries:
+            frame = entry.get(b"frame")
             if frame is not None:
                 self.frames_in += 1
                 # Workers encode Opus once per room; a chunk without it (PyAV missing there, or
                 # VOXROOM_OPUS_BITRATE=0) reaches Opus clients as PCM: the codec byte says which.
-                opus = fields.get(b"opus")
+                opus = entry.get(b"opus")
                 for client in members:
                     client.send_audio(opus if opus is not None and client.codec == CODEC_OPUS else frame)
                 continue
-            text = control_message(fields)
-            if fields.get(b"kind") == b"start":  # travels with the utterance's first slice
-                metrics.FIRST_AUDIO.started(room, int(fields[b"seq"]))
+            text = control_message(entry)
+            if entry.get(b"kind") == b"start":  # travels with the utterance's first slice
+                metrics.FIRST_AUDIO.started(room, int(entry[b"seq"]))
             if text is not None:
                 for client in members:
                     client.send_text(text)
 
     async def close(self) -> None:
+        for task in list(self._catchups.values()):
+            task.cancel()
+        await asyncio.gather(*self._catchups.values(), return_exceptions=True)
         for reader in self._readers:
-            if reader.task is not None:
-                reader.task.cancel()
-        await asyncio.gather(*(r.task for r in self._readers if r.task), return_exceptions=True)
+            await self.supervisor.stop(reader.name)
         for reader in self._readers:
             await reader.wire.aclose()
         await self.control.aclose()
         if self._readers:
             try:
                 await self.redis.delete(*(r.wake_key for r in self._readers))
-            except (RedisConnectionError, RedisTimeoutError, OSError):
+            except REDIS_DOWN:
                 pass
 
 

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
@@ -24,15 +25,19 @@ from starlette.staticfiles import StaticFiles
 from app import speech_api, voices_api
 from app.directory import WorkerDirectory
 from app.hub import RoomHub
+from app.identity import ClientClaims
 from app.ingress import Ingress
 from app.metrics import metrics_endpoint
+from app.reaper import reap_stalled
 from app.state import GatewayState
+from app.transport import TransportTap
 from app.ws import room_endpoint
 from voxroom import redis_client, tokens
 from voxroom.errors import ConfigError
 from voxroom.gc_tuning import freeze_startup_objects
 from voxroom.protocol import CloseCode
 from voxroom.settings import Settings
+from voxroom.supervisor import Supervisor
 from voxroom.voices import Catalog
 
 log = logging.getLogger("voxroom.gateway")
@@ -44,14 +49,21 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
+    """200 when Redis answers, some worker is alive and none of this gateway's loops is down;
+    503 naming what is not. Says nothing of where Redis is (anyone may ask)."""
     state: GatewayState = request.app.state.voxroom
     try:
         await state.redis.ping()
     except Exception as exc:  # any failure to reach Redis means not ready
-        return JSONResponse({"status": "redis unreachable", "error": str(exc)}, status_code=503)
+        return JSONResponse({"status": "redis unreachable", "error": type(exc).__name__}, status_code=503)
+    down = state.supervisor.down()
+    body = {"workers": len(state.directory.workers), "loops_down": down,
+            "worker_loops_down": state.directory.loops_down()}
+    if down:
+        return JSONResponse({"status": f"loops down: {', '.join(down)}", **body}, status_code=503)
     if not state.directory.workers:
-        return JSONResponse({"status": "no worker alive"}, status_code=503)
-    return JSONResponse({"status": "ready", "workers": len(state.directory.workers)})
+        return JSONResponse({"status": "no worker alive", **body}, status_code=503)
+    return JSONResponse({"status": "ready", **body})
 
 
 async def index(request: Request) -> Response:
@@ -84,18 +96,23 @@ def create_app(settings: Settings, *, catalog: Catalog | None = None) -> Starlet
         bytes_redis = redis_client.from_url(url, decode_responses=False)
         gateway_id = f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
         directory = WorkerDirectory(text_redis)
+        supervisor = Supervisor("gateway")
+        claims = ClientClaims(text_redis, gateway_id)
         state = GatewayState(
             settings=settings, catalog=catalog, redis=text_redis, gateway_id=gateway_id,
-            hub=RoomHub(bytes_redis, gateway_id),
+            hub=RoomHub(bytes_redis, gateway_id, supervisor=supervisor), supervisor=supervisor,
             ingress=Ingress(text_redis, utterance_maxlen=settings.utterance_stream_maxlen,
                             jobs_maxlen=settings.jobs_maxlen,
-                            max_pending_per_room=settings.max_pending_per_room),
-            directory=directory)
+                            max_pending_per_room=settings.max_pending_per_room,
+                            room_idle_ttl_s=settings.room_idle_ttl_s),
+            directory=directory, claims=claims)
         app.state.voxroom = state
         with contextlib.suppress(Exception):
             await directory.refresh()
-        directory_task = asyncio.create_task(directory.run(), name="gateway:directory")
-        opus_task = asyncio.create_task(state.hub.keep_opus_demand(), name="gateway:opus-demand")
+        supervisor.spawn("gateway:directory", directory.run)
+        supervisor.spawn("gateway:opus-demand", state.hub.keep_opus_demand)
+        supervisor.spawn("gateway:reaper", lambda: reap_stalled(state))
+        supervisor.spawn("gateway:client-claims", claims.run)
         freeze_startup_objects()
         log.info("gateway %s up (redis %s)", gateway_id, url)
         try:
@@ -104,12 +121,13 @@ def create_app(settings: Settings, *, catalog: Catalog | None = None) -> Starlet
             state.draining = True
             for conn in list(state.clients):
                 conn.close()
-                with contextlib.suppress(Exception):
-                    await conn.websocket.close(CloseCode.SERVICE_RESTART, "server restarting")
-            directory_task.cancel()
-            opus_task.cancel()
-            await asyncio.gather(directory_task, opus_task, return_exceptions=True)
+            # Together, and never held up by a client that reads nothing (its close is aborted).
+            await asyncio.gather(*(conn.close_socket(CloseCode.SERVICE_RESTART, "server restarting")
+                                   for conn in list(state.clients)))
             await state.hub.close()
+            await supervisor.aclose()
+            await claims.release_all()  # its clients reconnect elsewhere now, with the same ids
+            await directory.aclose()
             await state.ingress.aclose()
             await text_redis.aclose()
             await bytes_redis.aclose()
@@ -125,4 +143,5 @@ def create_app(settings: Settings, *, catalog: Catalog | None = None) -> Starlet
         WebSocketRoute("/rooms/{room_id}/ws", room_endpoint),
         Mount("/client", app=StaticFiles(directory=CLIENT_DIR, check_dir=False), name="client"),
     ]
-    return Starlette(routes=routes, lifespan=lifespan)
+    # TransportTap outermost: it must see uvicorn's own send (app/transport.py).
+    return Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(TransportTap)])

@@ -8,9 +8,12 @@ from redis.asyncio import Redis
 
 from app.connection import ClientConnection
 from app.directory import WorkerDirectory
+from app.floodban import FloodBans
 from app.hub import RoomHub
+from app.identity import ClientClaims
 from app.ingress import Ingress
 from voxroom.settings import Settings
+from voxroom.supervisor import Supervisor
 from voxroom.voices import Catalog
 
 
@@ -24,6 +27,11 @@ class GatewayState:
     ingress: Ingress
     directory: WorkerDirectory
     gateway_id: str
+    supervisor: Supervisor
+    """Owns the gateway's background loops (hub readers, directory, opus demand, reaper)."""
     connections: int = 0
     draining: bool = False
     clients: set[ClientConnection] = field(default_factory=set)
+    claims: ClientClaims | None = None
+    """Self-chosen client ids in use here (app/identity.py); ``None``: not claimed (tests)."""
+    flood_bans: FloodBans = field(default_factory=FloodBans)

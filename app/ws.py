@@ -12,15 +12,17 @@ import contextlib
 import logging
 import time
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from app.admission import Refused, admit
+from app.admission import Refused, admit, claim_identity, record_flood, release_identity
 from app.connection import ClientConnection
+from app.hub import ResumeRefused
 from app.ratelimit import TokenBucket
+from app.resume import ResumePoint, parse
 from app.state import GatewayState
+from app.transport import limit_send_buffer
 from voxroom import metrics, protocol
+from voxroom.backoff import REDIS_DOWN
 from voxroom.errors import UnknownVoice
 from voxroom.protocol import CloseCode, ErrorCode, ProtocolError
 from voxroom.tokens import Grant
@@ -38,22 +40,44 @@ async def room_endpoint(websocket: WebSocket) -> None:
         await _close(websocket, decision.code, decision.reason)
         return
     room, client_id = decision.room, decision.client_id
+    limit_send_buffer(websocket, state.settings.send_buffer_bytes)
     conn = ClientConnection(websocket, room=room, client_id=client_id, limit=state.settings.send_queue_slices,
                             codec=decision.codec)
     state.connections += 1
     state.clients.add(conn)
     writer = asyncio.create_task(conn.run_writer(), name=f"room:{room}:client:{client_id}:writer")
+    claim: str | Refused | None = None
     try:
-        await state.hub.join(conn)
-        conn.send_text(protocol.encode_server_message({
+        # Inside the try: whatever happens once it is taken, the finally gives it back.
+        claim = await claim_identity(state, decision)
+        if isinstance(claim, Refused):
+            metrics.CONNECTIONS_REFUSED.labels(str(claim.code)).inc()
+            await _close(websocket, claim.code, claim.reason)
+            return
+        welcome = protocol.encode_server_message({
             "type": "welcome", "protocol": protocol.PROTOCOL_VERSION, "room": room, "client": client_id,
             "sample_rate": protocol.ROOM_RATE, "slice_ms": protocol.SLICE_MS, "voice": state.catalog.default,
             "server_ms": time.time() * 1000.0, "codec": protocol.CODEC_NAMES[decision.codec],
-            "role": decision.grant.role, "lead_ms": state.settings.lead_ms}))
+            "role": decision.grant.role, "lead_ms": state.settings.lead_ms})
+        resume, bad_resume = _resume_point(websocket)
+        try:
+            await state.hub.join(conn, resume, welcome=welcome)
+        except REDIS_DOWN as exc:
+            log.warning("client %s could not join room %s, redis unavailable: %s", client_id, room, exc)
+            await _close(websocket, CloseCode.TRY_AGAIN_LATER, "storage unavailable; reconnect later")
+            return
+        if bad_resume is not None:
+            conn.send_text(protocol.encode_server_message(protocol.error_message(ErrorCode.BAD_MESSAGE, bad_resume)))
         await _receive_loop(websocket, conn, state, writer, decision.grant)
     finally:
         conn.close()
-        await state.hub.leave(conn)
+        # First: the name is free as soon as this connection can no longer speak (a client that
+        # reconnects at once waits for it).
+        await release_identity(state, decision, claim)
+        try:
+            await state.hub.leave(conn)
+        except Exception:  # never out of here: the slot and the count below must be freed
+            log.exception("client %s: leaving room %s failed", client_id, room)
         state.clients.discard(conn)
         state.connections -= 1
         metrics.CLOSED_CLIENTS.client_closed(conn.sent_audio, conn.dropped_audio)
@@ -63,6 +87,18 @@ async def room_endpoint(websocket: WebSocket) -> None:
         # Retrieve how the writer ended (a send to a socket already gone raises), or asyncio logs
         # "Task exception was never retrieved".
         await asyncio.gather(writer, return_exceptions=True)
+
+
+def _resume_point(websocket: WebSocket) -> tuple[ResumePoint | None, str | None]:
+    """``?resume=`` (what a reconnecting client already holds, docs/protocol.md), or why it is
+    malformed: such a client is told so (``bad_message``) and joins live, as without it."""
+    value = websocket.query_params.get("resume")
+    if value is None:
+        return None, None
+    try:
+        return parse(value), None
+    except ValueError as exc:
+        return None, str(exc)
 
 
 async def _close(websocket: WebSocket, code: int, reason: str) -> None:
@@ -75,13 +111,14 @@ async def _close(websocket: WebSocket, code: int, reason: str) -> None:
 class _Limits:
     """The connection's token buckets and its count of frames refused in a row."""
 
-    __slots__ = ("flood_close_after", "frames", "refused_in_row", "says")
+    __slots__ = ("flood_close_after", "frames", "refused_in_row", "resumes", "says")
 
     def __init__(self, state: GatewayState) -> None:
         now = time.monotonic()
         s = state.settings
         self.frames = TokenBucket(s.frame_rate, s.frame_burst, now)
         self.says = TokenBucket(s.say_rate, s.say_burst, now)
+        self.resumes = TokenBucket(s.resume_rate, s.resume_burst, now)
         self.refused_in_row = 0
         self.flood_close_after = s.flood_close_after
 
@@ -107,6 +144,7 @@ async def _receive_loop(websocket: WebSocket, conn: ClientConnection, state: Gat
                 limits.refused_in_row += 1
                 if limits.refused_in_row >= limits.flood_close_after:
                     log.warning("client %s in room %s flooded the gateway; closing", conn.client_id, conn.room)
+                    record_flood(websocket, state)
                     await _drain(conn, writer)
                     await _close(websocket, CloseCode.POLICY_VIOLATION, "flood: too many frames")
                     # Return, not raise: an exception out of the endpoint makes uvicorn log a
@@ -141,9 +179,7 @@ async def _handle(msg: protocol.ClientMessage, conn: ClientConnection, state: Ga
             {"type": "pong", "t": msg.t, "server_ms": time.time() * 1000.0}))
         return
     if isinstance(msg, protocol.Resume):
-        replayed = await state.hub.replay(conn, msg.seq, msg.chunk)
-        log.info("client %s resumed room %s after %d/%d: %d entries replayed", conn.client_id, conn.room,
-                 msg.seq, msg.chunk, replayed)
+        await _resume_message(msg, conn, state, limits)
         return
     if not grant.can_speak:
         raise ProtocolError(ErrorCode.FORBIDDEN, "a listener token cannot speak", seq=msg.seq)
@@ -161,9 +197,9 @@ async def _handle(msg: protocol.ClientMessage, conn: ClientConnection, state: Ga
                             f"voice {voice.id!r} needs engine {voice.engine!r}, which no worker runs", seq=msg.seq)
     try:
         outcome = await state.ingress.say(conn.room, conn.client_id, msg.seq, msg.text, voice.id)
-    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-        # Redis is restarting or unreachable: nothing was written, the client may resend the same
-        # seq (dedupe makes that safe) once it is back.
+    except REDIS_DOWN as exc:
+        # Redis is restarting, loading, out of memory or unreachable: nothing was written, the
+        # client may resend the same seq (dedupe makes that safe) once it is back.
         log.warning("say in room %s not stored, redis unavailable: %s", conn.room, exc)
         raise ProtocolError(ErrorCode.UNAVAILABLE, "storage unavailable; resend later", seq=msg.seq,
                             retry_after_ms=1000) from None
@@ -178,3 +214,22 @@ async def _handle(msg: protocol.ClientMessage, conn: ClientConnection, state: Ga
         backlog = outcome.utterance
         raise ProtocolError(ErrorCode.BUSY, f"room has {backlog} utterances waiting; retry later",
                             seq=msg.seq, retry_after_ms=500 + 250 * backlog)
+
+
+async def _resume_message(msg: protocol.Resume, conn: ClientConnection, state: GatewayState,
+                          limits: _Limits) -> None:
+    """The ``resume`` message (the older form of ``?resume=``): honoured when it reorders
+    nothing (see :meth:`app.hub.RoomHub.resume_later`), refused with ``bad_message`` otherwise."""
+    wait_s = limits.resumes.take(time.monotonic())
+    if wait_s:
+        raise ProtocolError(ErrorCode.RATE_LIMITED, "too many resumes; slow down",
+                            retry_after_ms=int(wait_s * 1000) + 1)
+    point = ResumePoint(msg.seq, msg.chunk)
+    try:
+        replaying = await state.hub.resume_later(conn, point)
+    except ResumeRefused as exc:
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, str(exc)) from None
+    except REDIS_DOWN:
+        raise ProtocolError(ErrorCode.UNAVAILABLE, "storage unavailable; resume later", retry_after_ms=1000) from None
+    log.info("client %s in room %s resumed after %s by message: %s", conn.client_id, conn.room, point,
+             "replaying" if replaying else "nothing missed")

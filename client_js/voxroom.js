@@ -5,9 +5,10 @@ import { ClockSync } from './clock.js';
 import { OpusFrameDecoder } from './opus.js';
 import { Player } from './player.js';
 import {
-  CODEC_OPUS, CODEC_PCM16, ProtocolError, decodeAudioFrame, encodePing, encodeResume, encodeSay, parseServerMessage,
+  CODEC_OPUS, CODEC_PCM16, ProtocolError, decodeAudioFrame, encodePing, encodeSay, parseServerMessage,
 } from './protocol.js';
 import { ReconnectPolicy } from './reconnect.js';
+import { ResumePosition } from './resume.js';
 
 export { ErrorCode, CloseCode } from './protocol.js';
 
@@ -17,6 +18,9 @@ const FAST_PING_MS = 500;
 /** `say` calls waiting for `accepted` (including while reconnecting); past this they fail at once. */
 const MAX_PENDING_SAYS = 32;
 const STATS_EVERY_MS = 250;
+/** `say` seqs count quarter seconds from here (see say()). */
+const SEQ_EPOCH_MS = Date.UTC(2025, 0, 1);
+const SEQ_TICK_MS = 250;
 
 /**
  * @typedef {'idle' | 'connecting' | 'open' | 'reconnecting' | 'closed'} ConnectionState
@@ -70,6 +74,8 @@ export class VoxroomClient extends EventTarget {
       audioContext: options.audioContext, tap: options.tap });
     this.player.onEvent = (e) => this.#onPlayback(e);
     this.policy = new ReconnectPolicy(options.reconnect);
+    /** What this client has received of the room, for `?resume=` when it reconnects. */
+    this.position = new ResumePosition();
     /** @type {import('./protocol.js').Welcome | null} */
     this.welcome = null;
     /** @type {number | null} */
@@ -109,6 +115,8 @@ export class VoxroomClient extends EventTarget {
     base.searchParams.set('client', this.clientId);
     if (this.codec === 'opus') base.searchParams.set('codec', 'opus');
     if (this.options.token) base.searchParams.set('token', this.options.token);
+    // Reconnecting: say what we hold; the server sends what we missed, then live, in order.
+    if (this.#everWelcomed && this.position.value) base.searchParams.set('resume', this.position.value);
     return base.toString();
   }
 
@@ -142,8 +150,9 @@ export class VoxroomClient extends EventTarget {
     if (this.#pending.size >= MAX_PENDING_SAYS) {
       return Promise.reject(Object.assign(new Error('too many lines waiting for the server'), { code: 'busy' }));
     }
-    // Strictly increasing across reloads too (the server dedupes per identity): use the clock.
-    this.#seq = Math.max(this.#seq + 1, Date.now());
+    // Strictly increasing across reloads too (the server dedupes per identity): use the clock, in
+    // quarter seconds since 2025 so that it fits the server's range (1 to 2^31-1) until 2042.
+    this.#seq = Math.max(this.#seq + 1, Math.floor((Date.now() - SEQ_EPOCH_MS) / SEQ_TICK_MS));
     const seq = this.#seq;
     let frame;
     try {
@@ -283,11 +292,13 @@ export class VoxroomClient extends EventTarget {
         return;
       }
       case 'start':
+        this.position.start(msg.utterance);
         this.#starts.set(msg.utterance, msg);
         if (this.#starts.size > 64) this.#starts.delete(/** @type {number} */ (this.#starts.keys().next().value));
         this.#emit('start', { ...msg, own: this.#ours.has(msg.utterance) });
         return;
       case 'end':
+        this.position.end(msg.utterance);
         this.player.markEnd(msg.utterance, msg.chunks);
         this.#emit('end', { ...msg, own: this.#ours.has(msg.utterance) });
         return;
@@ -305,15 +316,12 @@ export class VoxroomClient extends EventTarget {
     this.player.setClock(this.clock, msg.server_ms);
     if (typeof msg.lead_ms === 'number') this.player.setLead(msg.lead_ms);
     this.policy.reset();
-    const resumed = this.#everWelcomed;
     this.#everWelcomed = true;
     this.#setState('open');
     this.#pings = 0;
     clearTimeout(this.#pingTimer);
     this.#ping();
-    const last = this.player.report.lastPlayed;
-    // Ask for what we missed while away; the server replays the room's audio after this slice.
-    if (resumed && last) this.#send(encodeResume(last.seq, last.chunk));
+    // What we missed while away was asked for in the URL (see url): nothing to send for it here.
     for (const p of this.#pending.values()) this.#send(p.frame);
     this.#emit('welcome', msg);
     this.#firstWelcome?.resolve(msg);
@@ -342,6 +350,7 @@ export class VoxroomClient extends EventTarget {
       if (err instanceof ProtocolError) this.#emit('error', { code: 'bad_audio_frame', message: err.message });
       return;
     }
+    this.position.frame(frame.seq, frame.chunk);
     if (frame.codec === CODEC_PCM16) {
       this.player.push(frame);
     } else if (frame.codec === CODEC_OPUS && this.opus) {

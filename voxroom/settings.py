@@ -42,6 +42,12 @@ class Settings:
     utterance_stream_maxlen: int = 1000
     output_stream_maxlen: int = 3000
     """Per-room output stream cap (about 2 minutes of 40 ms slices)."""
+    resume_window_ms: int = 120_000
+    """A room's output stream keeps this much history (trimmed by time, ``MINID``): what a client
+    that reconnects can still be replayed."""
+    room_idle_ttl_s: int = 3600
+    """Every Redis key of a room expires this long after the room's last activity (refreshed by
+    each accepted line and each published one); its ``vx:rooms`` entry is removed with it."""
     jobs_maxlen: int = 100_000
     max_pending_per_room: int = 16
     """`say` is refused with ``busy`` while a room has this many utterances not yet played."""
@@ -61,6 +67,22 @@ class Settings:
     frame_burst: float = 60.0
     flood_close_after: int = 100
     """Frames refused in a row by the frame bucket before the connection is closed (1008)."""
+    flood_ban_s: float = 30.0
+    """After a flood close, new connections from the same client address are refused (1008) this long."""
+    send_stall_close_s: float = 5.0
+    """A connection whose send queue stays full (or whose socket write stays blocked) this long is
+    closed (1013) and its memory freed: a reader stalled for a minute costs seconds, not a minute."""
+    handshake_timeout_s: float = 10.0
+    """An HTTP request or WebSocket upgrade whose headers are not complete this long after the TCP
+    connection opened is closed (slowloris)."""
+    resume_rate: float = 0.5
+    """Per-connection token bucket on ``resume``: this many a second..."""
+    resume_burst: float = 2.0
+    """...with this many saved up. Past it: ``rate_limited``."""
+    send_buffer_bytes: int = 131_072
+    """Kernel send buffer of each room WebSocket (``SO_SNDBUF``; Linux doubles it): about 5 s of PCM.
+    Left to autotuning a loopback socket takes 3 MB (a minute of PCM) before a client that stopped
+    reading even shows as stalled, and that much kernel memory per stalled client. 0: autotuning."""
 
     # --- worker -------------------------------------------------------------------------------
     engine: str = "auto"
@@ -101,6 +123,9 @@ class Settings:
     chattts_seed: int = 0
     chattts_max_new_tokens: int = 2048
     """GPT steps per piece at most (46.875 steps a second of audio)."""
+    chattts_continuous: bool = False
+    """Continuous batching (with ``chattts_max_batch`` > 1): a line joins the running GPT batch at
+    the next step instead of waiting for the batch to end (docs/chattts.md, "Continuous batching")."""
     batch_window_ms: int = 15
     synthetic_ttfc_ms: float = 50.0
     """Benchmark engine only: its fixed time to first chunk."""

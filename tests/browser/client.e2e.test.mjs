@@ -1,7 +1,7 @@
 // VoxroomClient against a real server in real headless Chromium: refusals reach say()'s promise
 // with the server's code; a bad room is refused for good; and after a server restart (it closes
-// its sockets with 1012) the page comes back by itself, asks to resume from the last slice it
-// played, and plays a new line.
+// its sockets with 1012) the page comes back by itself, resumes from the last room entry it
+// received (`?resume=` in its URL), and plays a new line.
 //
 //   npm run test:browser        (VOXROOM_SKIP_BROWSER=1 skips it on purpose; anything missing fails)
 import { after, before, test } from 'node:test';
@@ -42,16 +42,25 @@ async function sayAndHear(page, text) {
   }, before);
 }
 
-test('after a server restart the page reconnects, sends resume, and plays again', { skip, timeout: 240_000 }, async () => {
+test('after a server restart the page reconnects, resumes where it was, and plays again', { skip, timeout: 240_000 }, async () => {
   const page = await browser.context.newPage();
-  // Record every frame the client sends, to see the resume it owes the new server.
+  // Record every URL the client opens and every frame it sends, to see the resume it owes the new server.
   await page.addInitScript(() => {
     const w = /** @type {any} */ (window);
     w.sent = [];
+    w.urls = [];
     const send = WebSocket.prototype.send;
     WebSocket.prototype.send = function (data) {
       if (typeof data === 'string') w.sent.push(JSON.parse(data));
       return send.call(this, data);
+    };
+    const Native = WebSocket;
+    w.WebSocket = class extends Native {
+      /** @param {string | URL} url @param {string | string[]} [protocols] */
+      constructor(url, protocols) {
+        super(url, protocols);
+        w.urls.push(String(url));
+      }
     };
   });
   await page.goto(`${server.base}/?room=reconnect`);
@@ -84,8 +93,10 @@ test('after a server restart the page reconnects, sends resume, and plays again'
   assert.equal(firstClose.retryInMs, 0, 'and the client came straight back');
 
   const sent = await page.evaluate(() => /** @type {any} */ (window).sent);
-  const resumes = sent.filter((m) => m.type === 'resume');
-  assert.deepEqual(resumes, [{ type: 'resume', seq: last.seq, chunk: last.chunk }]);
+  assert.deepEqual(sent.filter((m) => m.type === 'resume'), [], 'what it holds goes in the URL, not in a message');
+  const urls = await page.evaluate(() => /** @type {any} */ (window).urls);
+  // The line was heard to its end, so the client holds all of it, its end included.
+  assert.equal(new URL(urls.at(-1)).searchParams.get('resume'), `${last.seq}.end`, JSON.stringify(urls));
   const says = sent.filter((m) => m.type === 'say');
   assert.equal(says.length, 1, 'the accepted line was not resent');
 

@@ -20,7 +20,7 @@ const manifest = JSON.parse(readFileSync(join(clientDir, 'package.json'), 'utf8'
 const env = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.toLowerCase().startsWith('npm_')));
 const run = (cmd, args, cwd) => execFileSync(cmd, args, { cwd, env, encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
 
-const MODULES = ['voxroom.js', 'protocol.js', 'jitter.js', 'clock.js', 'reconnect.js', 'opus.js', 'player.js'];
+const MODULES = ['voxroom.js', 'protocol.js', 'jitter.js', 'clock.js', 'reconnect.js', 'resume.js', 'opus.js', 'player.js'];
 
 let work;
 let packed; // npm pack --json's report

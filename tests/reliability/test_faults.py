@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.processes import Proc, start_gateway, start_worker
-from tests.support.room_client import Received, RoomClient
+from tests.support.room_client import Received, RoomClient, resume_point
 from voxroom.redis_server import RedisServer
 
 LONG_LINE = ("Listen carefully, villagers: the night was long, the wolves were hungry, and in the morning "
@@ -72,7 +72,7 @@ async def test_gateway_killed_clients_resume_on_another_without_loss(own_redis: 
     doomed, port_a = start_gateway(own_redis.url, tmp_path)
     other, port_b = start_gateway(own_redis.url, tmp_path)
     try:
-        a = RoomClient(port_a, "hop", client="alice")
+        a = RoomClient(port_a, "hop")
         await a.__aenter__()
         async with RoomClient(port_b, "hop") as witness:
             await a.say(LONG_LINE, voice="en-joe")
@@ -81,9 +81,8 @@ async def test_gateway_killed_clients_resume_on_another_without_loss(own_redis: 
             await a.wait_for(lambda g: False, 0.0) if a.closed else None
             await asyncio.sleep(0.6)  # the client notices, backs off a little, reconnects elsewhere
             before = a.got
-            last = before.frames_of(1)[-1].chunk
-            async with RoomClient(port_b, "hop", client="alice") as again:
-                await again.send_json({"type": "resume", "seq": 1, "chunk": last})
+            # What it holds goes in the URL: the new gateway replays from there, then goes live.
+            async with RoomClient(port_b, "hop", resume=resume_point(before)) as again:
                 ends = await again.wait_ends(1, timeout=30)
             await witness.wait_ends(1, timeout=10)
         await a.__aexit__(None, None, None)

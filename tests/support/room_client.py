@@ -7,6 +7,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlencode
 
 import numpy as np
 import numpy.typing as npt
@@ -20,6 +21,8 @@ class Received:
     messages: list[dict[str, Any]] = field(default_factory=list)
     frames: list[AudioFrame] = field(default_factory=list)
     frame_times: list[float] = field(default_factory=list)
+    stream: list[dict[str, Any] | AudioFrame] = field(default_factory=list)
+    """Messages and frames together, in the order they arrived."""
 
     def of(self, kind: str) -> list[dict[str, Any]]:
         return [m for m in self.messages if m.get("type") == kind]
@@ -35,9 +38,27 @@ class Received:
         return [f for f in self.frames if f.seq == utterance]
 
 
+def resume_point(got: Received) -> str | None:
+    """The ``?resume=`` value for what ``got`` holds: the last room entry received (frames and
+    ``start``/``end`` arrive in stream order, so that one entry says where the client is)."""
+    last: str | None = None
+    for message in got.stream:
+        if isinstance(message, AudioFrame):
+            last = f"{message.seq}.{message.chunk}"
+        elif message.get("type") == "start":
+            last = f"{message['utterance']}.start"
+        elif message.get("type") == "end":
+            last = f"{message['utterance']}.end"
+    return last
+
+
 class RoomClient:
-    def __init__(self, port: int, room: str, *, client: str | None = None, host: str = "127.0.0.1") -> None:
-        self.url = f"ws://{host}:{port}/rooms/{room}/ws" + (f"?client={client}" if client else "")
+    def __init__(self, port: int, room: str, *, client: str | None = None, host: str = "127.0.0.1",
+                 resume: str | None = None) -> None:
+        """``resume``: what this client already holds (``?resume=``, docs/protocol.md), e.g.
+        ``resume_point(received)``."""
+        query = {k: v for k, v in (("client", client), ("resume", resume)) if v}
+        self.url = f"ws://{host}:{port}/rooms/{room}/ws" + (f"?{urlencode(query)}" if query else "")
         self.got = Received()
         self.ws: websockets.ClientConnection | None = None
         self._reader: asyncio.Task[None] | None = None
@@ -64,8 +85,10 @@ class RoomClient:
                 if isinstance(message, bytes):
                     self.got.frames.append(AudioFrame.decode(message))
                     self.got.frame_times.append(time.time() * 1000.0)
+                    self.got.stream.append(self.got.frames[-1])
                 else:
                     self.got.messages.append(json.loads(message))
+                    self.got.stream.append(self.got.messages[-1])
                 self._changed.set()
         except websockets.ConnectionClosed:
             pass
