@@ -222,9 +222,9 @@ async def test_redis_like_input_writes_only_its_own_rooms_keys(quiet_stack: tupl
     after = key_snapshot(redis_url)
     own = f"vx:room:{room}:".encode()
     shared = (b"vx:jobs", b"vx:rooms", b"vx:workers")
-    # Worker heartbeats, gateway wake streams and the audio cache (slot = fingerprint mod slots, not
-    # chosen by the client) are written by the servers themselves whatever is said.
-    server_owned = (b"vx:worker:", b"vx:gw:", b"vx:cache:")
+    # Worker heartbeats, gateway and worker wake streams and the audio cache (slot = fingerprint mod
+    # slots, not chosen by the client) are written by the servers themselves whatever is said.
+    server_owned = (b"vx:worker:", b"vx:gw:", b"vx:wake:", b"vx:cache:")
     touched = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
     outside = {k for k in touched if not k.startswith(own) and k not in shared and not k.startswith(server_owned)}
     assert outside == set(), f"keys outside room {room} changed: {sorted(outside)[:10]}"
