@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from starlette.websockets import WebSocket
 
-from app.identity import generated_id
+from app.identity import SECRET, generated_id
 from app.state import GatewayState
 from voxroom import protocol, tokens
 from voxroom.backoff import REDIS_DOWN
@@ -34,6 +34,8 @@ class Admitted:
     codec: int
     self_chosen: bool = False
     """The client named itself (``?client=``): its id must be claimed (app/identity.py)."""
+    claim_secret: str | None = None
+    """``?claim=``: the secret of this id's claim from an earlier connection (reclaims it at once)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +90,11 @@ def admit(websocket: WebSocket, state: GatewayState) -> Admitted | Refused:
         self_chosen = True
     if not protocol.valid_room_id(client_id):
         return Refused(CloseCode.POLICY_VIOLATION, "bad client id")
-    return Admitted(room=room, client_id=client_id, grant=grant, codec=codec, self_chosen=self_chosen)
+    secret = websocket.query_params.get("claim") or None
+    if secret is not None and (not self_chosen or not SECRET.fullmatch(secret)):
+        return Refused(CloseCode.POLICY_VIOLATION, "bad claim: only with ?client=, as the welcome gave it")
+    return Admitted(room=room, client_id=client_id, grant=grant, codec=codec, self_chosen=self_chosen,
+                    claim_secret=secret)
 
 
 async def claim_identity(state: GatewayState, decision: Admitted) -> str | Refused | None:
@@ -98,7 +104,7 @@ async def claim_identity(state: GatewayState, decision: Admitted) -> str | Refus
     if not decision.self_chosen or state.claims is None:
         return None
     try:
-        owner = await state.claims.claim(decision.room, decision.client_id)
+        owner = await state.claims.claim(decision.room, decision.client_id, secret=decision.claim_secret)
     except REDIS_DOWN:
         return Refused(CloseCode.TRY_AGAIN_LATER, "storage unavailable; retry later")
     if owner is None:

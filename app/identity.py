@@ -14,8 +14,14 @@ shows it to everyone in the room. Three sources, three namespaces that cannot me
   that expire within :data:`CLAIM_TTL_S`).
   A second connection with a live name waits up to :data:`CLAIM_WAIT_S` for it (a client that
   closes and reconnects at once races its old connection's release), then is refused with 1013
-  ("client id in use"): a client reconnecting before the gateway noticed its old socket is gone
-  retries with backoff and gets in once it has.
+  ("client id in use").
+
+  **Reclaiming.** The claim carries a random secret, sent to the client in its ``welcome``
+  (``claim``). A client that reconnects with ``?claim=<secret>`` takes its id over at once, even
+  while the old claim is live (its gateway was killed, or has not yet noticed the socket is gone):
+  a resume after a gateway crash must not wait out the claim's TTL. The old connection's refresh
+  then finds the claim taken and leaves it be. Whoever does not hold the secret still cannot speak
+  as the id.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import re
+import secrets
 import uuid
 from typing import Final
 
@@ -45,6 +53,24 @@ CLAIM_WAIT_S: Final = 3.0
 and reconnects at once would otherwise race its old connection's release (which runs after the
 close handshake) and lose."""
 CLAIM_RETRY_S: Final = 0.1
+
+SECRET = re.compile(r"[A-Za-z0-9_-]{16,64}")
+"""What a ``?claim=`` secret looks like (``secrets.token_urlsafe(18)`` makes 24 characters)."""
+
+# Take the claim when it is free, or when the caller presents the secret of the one who holds it
+# (the owner token starts with ``<secret>:``). 1: taken fresh (ARGV[1]); 2: taken over (ARGV[4]).
+_CLAIM: Final = """
+local v = redis.call('GET', KEYS[1])
+if not v then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+if ARGV[3] ~= '' and string.sub(v, 1, #ARGV[3] + 1) == ARGV[3] .. ':' then
+  redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[2])
+  return 2
+end
+return 0
+"""
 
 # Delete the claim only if it is still ours (it may have expired and been taken since).
 _RELEASE: Final = """
@@ -81,6 +107,11 @@ def generated_id() -> str:
     return GENERATED_PREFIX + uuid.uuid4().hex[:16]
 
 
+def claim_secret(owner: str) -> str:
+    """The secret of a claim (for the client's ``welcome``) from its owner token."""
+    return owner.split(":", 1)[0]
+
+
 class ClientClaims:
     """This gateway's claims on self-chosen client ids, kept alive by :meth:`run`."""
 
@@ -95,20 +126,28 @@ class ClientClaims:
     def __len__(self) -> int:
         return len(self._owned)
 
-    async def claim(self, room: str, client: str, *, wait_s: float = CLAIM_WAIT_S) -> str | None:
-        """Claim ``client`` in ``room``: the owner token to :meth:`release` it with, or ``None``
-        when another live connection still holds it after ``wait_s``. Raises one of
+    async def claim(self, room: str, client: str, *, secret: str | None = None,
+                    wait_s: float = CLAIM_WAIT_S) -> str | None:
+        """Claim ``client`` in ``room``: the owner token to :meth:`release` it with (it starts
+        with the claim's secret, see :func:`claim_secret`), or ``None`` when another live
+        connection still holds it after ``wait_s``. ``secret``: what the client presented
+        (``?claim=``); the holder's secret takes the claim over at once. Raises one of
         :data:`REDIS_DOWN`."""
         key = keys.room_client_claim(room, client)
-        owner = f"{self._gateway_id}:{next(self._serial)}"
+        serial = next(self._serial)
+        fresh = f"{secrets.token_urlsafe(18)}:{self._gateway_id}:{serial}"
+        takeover = f"{secret}:{self._gateway_id}:{serial}" if secret else ""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
-        while not await self._redis.set(key, owner, nx=True, px=self._ttl_ms):
+        while True:
+            got = int(await self._redis.eval(_CLAIM, 1, key, fresh, self._ttl_ms, secret or "", takeover))
+            if got:
+                owner = fresh if got == 1 else takeover
+                self._owned[key] = owner
+                return owner
             if loop.time() >= deadline:
                 return None
             await asyncio.sleep(CLAIM_RETRY_S)
-        self._owned[key] = owner
-        return owner
 
     async def release(self, room: str, client: str, owner: str) -> None:
         """Give the claim back (never raises: a claim that cannot be deleted expires)."""

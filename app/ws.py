@@ -17,6 +17,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from app.admission import Refused, admit, claim_identity, record_flood, release_identity
 from app.connection import ClientConnection
 from app.hub import ResumeRefused
+from app.identity import claim_secret
 from app.ratelimit import TokenBucket
 from app.resume import ResumePoint, parse
 from app.state import GatewayState
@@ -54,11 +55,14 @@ async def room_endpoint(websocket: WebSocket) -> None:
             metrics.CONNECTIONS_REFUSED.labels(str(claim.code)).inc()
             await _close(websocket, claim.code, claim.reason)
             return
-        welcome = protocol.encode_server_message({
+        hello: protocol.Welcome = {
             "type": "welcome", "protocol": protocol.PROTOCOL_VERSION, "room": room, "client": client_id,
             "sample_rate": protocol.ROOM_RATE, "slice_ms": protocol.SLICE_MS, "voice": state.catalog.default,
             "server_ms": time.time() * 1000.0, "codec": protocol.CODEC_NAMES[decision.codec],
-            "role": decision.grant.role, "lead_ms": state.settings.lead_ms})
+            "role": decision.grant.role, "lead_ms": state.settings.lead_ms}
+        if isinstance(claim, str):  # reconnecting with ?claim= takes the id back at once (app/identity.py)
+            hello["claim"] = claim_secret(claim)
+        welcome = protocol.encode_server_message(hello)
         resume, bad_resume = _resume_point(websocket)
         try:
             await state.hub.join(conn, resume, welcome=welcome)

@@ -80,11 +80,14 @@ class Listener:
         self.answers: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self.connected = asyncio.Event()
         self.stopping = False
+        self.claim: str | None = None
 
     def url(self) -> str:
         query = f"client={self.client_id}"
         if self.heard.position is not None:
             query += f"&resume={self.heard.position}"
+        if self.claim is not None:  # takes our id back at once from a gateway that died holding it
+            query += f"&claim={self.claim}"
         return f"ws://127.0.0.1:{self.ports[self.gateway]}/rooms/{self.room}/ws?{query}"
 
     async def run(self) -> None:
@@ -118,7 +121,9 @@ class Listener:
             return
         msg = json.loads(message)
         kind = msg.get("type")
-        if kind == "start":
+        if kind == "welcome":
+            self.claim = msg.get("claim")
+        elif kind == "start":
             events.append(("restart" if msg.get("restart") else "start", msg["utterance"], 0, now))
             self.heard.position = f"{msg['utterance']}.start"
         elif kind == "end":

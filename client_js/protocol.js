@@ -195,7 +195,8 @@ export function encodeResume(seq, chunk) {
 
 /**
  * @typedef {{type: 'welcome', protocol: number, room: string, client: string, sample_rate: number,
- *   slice_ms: number, voice: string, server_ms: number, codec?: 'pcm16' | 'opus', lead_ms?: number}} Welcome
+ *   slice_ms: number, voice: string, server_ms: number, codec?: 'pcm16' | 'opus', lead_ms?: number,
+ *   claim?: string}} Welcome
  * @typedef {{type: 'accepted', seq: number, utterance: number}} Accepted
  * @typedef {{type: 'start', utterance: number, sender: string, voice: string, text: string,
  *   pts_ms: number, sample_rate: number}} Start

@@ -302,6 +302,9 @@ class Welcome(TypedDict):
     """What the token allows (``speaker`` when auth is off)."""
     lead_ms: int
     """How far ahead of its presentation time audio is published (the client's buffer target)."""
+    claim: NotRequired[str]
+    """Only for a client that named itself (``?client=``): the secret of its id's claim. Sent back
+    as ``?claim=`` on reconnect, it takes the id over at once (app/identity.py)."""
 
 
 class Accepted(TypedDict):

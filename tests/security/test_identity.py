@@ -171,3 +171,38 @@ async def test_a_gateway_that_stops_gives_its_claims_back_at_once(stack: Stack, 
         gateway.stop()
     with redis.Redis.from_url(stack.redis_url) as r:
         assert not r.exists(claim)
+
+
+async def test_the_claim_secret_takes_the_id_back_after_its_gateway_died(
+        stack: Stack, room: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A gateway killed with its clients leaves their claims behind (up to CLAIM_TTL_S). A client
+    that reconnects elsewhere with the secret its welcome gave it (``?claim=``) gets its id back at
+    once; without the secret the id stays refused, and a wrong secret is no better."""
+    logs = tmp_path_factory.mktemp("identity-reclaim")
+    doomed, port_a = start_gateway(stack.redis_url, logs, insecure=False, VOXROOM_JWT_SECRET=SECRET)
+    other, port_b = start_gateway(stack.redis_url, logs, insecure=False, VOXROOM_JWT_SECRET=SECRET)
+    try:
+        ws = await connect(ws_url(port_a, room, token=token(room), client="bob"))
+        welcome = await next_json(ws, kind="welcome")
+        secret = welcome["claim"]
+        assert welcome["client"] == "c-bob" and len(secret) >= 16
+        doomed.kill()  # SIGKILL: the claim stays in Redis, nobody releases it
+        with redis.Redis.from_url(stack.redis_url) as r:
+            assert r.exists(keys.room_client_claim(room, "c-bob"))
+        code, reason = await refusal(ws_url(port_b, room, token=token(room), client="bob"))
+        assert (code, reason) == (CloseCode.TRY_AGAIN_LATER, "client id in use; retry later")
+        code, _ = await refusal(ws_url(port_b, room, token=token(room), client="bob", claim="x" * 24))
+        assert code == CloseCode.TRY_AGAIN_LATER
+        async with QueryClient(port_b, room, token=token(room), client="bob", claim=secret) as back:
+            again = back.got.of("welcome")[0]
+            assert again["client"] == "c-bob" and again["claim"] == secret
+            await back.say("Bob is back.", seq=1)
+            await back.wait_for(lambda g: bool(g.of("accepted")), 10)
+            # Whoever lacks the secret is still refused while Bob is here.
+            code, _ = await refusal(ws_url(port_b, room, token=token(room), client="bob"))
+            assert code == CloseCode.TRY_AGAIN_LATER
+        code, reason = await refusal(ws_url(port_b, room, token=token(room), claim=secret))
+        assert code == CloseCode.POLICY_VIOLATION and reason.startswith("bad claim")
+    finally:
+        other.stop()
+        doomed.stop()
