@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +18,8 @@ import torch
 
 from voxroom.errors import EngineError
 from voxroom.voices import Voice
-from workers.engines.base import Pcm, SynthesisRequest
+from workers.engines.base import Admit, Pcm, SynthesisRequest
+from workers.engines.chattts.continuous import ContinuousBatcher, Job
 from workers.engines.chattts.generation import Generator, RowProgress, SamplingParams
 from workers.engines.chattts.loader import load_chat
 from workers.engines.chattts.speakers import SpeakerBank, VoiceLookup, transition
@@ -47,7 +48,8 @@ class ChatTTSEngine:
     ``repetition_penalty``, ``max_new_tokens``, ``min_new_tokens``); streaming (``first_chunk_steps``,
     ``chunk_steps``, ``left_context_steps``, ``holdback_steps``, ``overlap_samples``);
     ``max_piece_chars``; ``voice_lookup`` (resolves blend parts; e.g. ``catalog.get``);
-    ``torch_threads`` (intra-op threads of this process, when set).
+    ``torch_threads`` (intra-op threads of this process, when set); ``continuous`` (with ``max_batch``
+    > 1 the pool drives :meth:`stream_continuous`: rows join the running batch at the next GPT step).
     """
 
     name = "chattts"
@@ -62,7 +64,7 @@ class ChatTTSEngine:
                  min_new_tokens: int = 1, first_chunk_steps: int = 8, chunk_steps: int = 24,
                  left_context_steps: int = 16, holdback_steps: int = 8, overlap_samples: int = 1024,
                  max_piece_chars: int = MAX_PIECE_CHARS, voice_lookup: VoiceLookup | None = None,
-                 torch_threads: int | None = None) -> None:
+                 torch_threads: int | None = None, continuous: bool = False) -> None:
         if interpolation_steps < 1 or max_batch < 1 or fade_ms < 0:
             raise EngineError("chattts: interpolation_steps and max_batch must be >= 1, fade_ms >= 0")
         if int8 and bf16:
@@ -77,6 +79,7 @@ class ChatTTSEngine:
         self.interpolation_steps = interpolation_steps
         self.fade_samples = round(fade_ms * self.sample_rate / 1000)
         self.max_batch = max_batch
+        self.continuous = continuous
         self.seed = seed
         # min_new_tokens >= 1: a row that ends at step 0 would be silent (upstream regenerates instead).
         self.sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k,
@@ -93,6 +96,8 @@ class ChatTTSEngine:
         self._gen: Generator | None = None
         self._bank: SpeakerBank | None = None
         self._utterances = 0
+        self.batcher: ContinuousBatcher | None = None
+        """The running batch of :meth:`stream_continuous` (its ``steps`` count GPT passes)."""
 
     # --- lifecycle -------------------------------------------------------------------------------
     def load(self, device: str) -> None:
@@ -176,6 +181,26 @@ class ChatTTSEngine:
         for r, p in enumerate(plans):
             if p.pieces and not cancel[r].is_set():
                 self._utterance_done()
+
+    def stream_continuous(self, admit: Admit) -> Iterator[tuple[Hashable, Pcm | None]]:
+        """Continuous batching (see ``continuous.py``): up to ``max_batch`` rows in the GPT batch,
+        each joining at the next step and leaving on EOS or cancel; further requests wait for a row.
+        Yields ``(key, chunk)`` and ``(key, None)`` once per request; returns when ``admit`` returns
+        ``None``."""
+        gen, _ = self._require()
+        chat = self.chat
+        log.info("chattts continuous batching on %s: up to %d rows a step", self.device, self.max_batch)
+
+        def plan(key: Hashable, request: SynthesisRequest, cancel: threading.Event) -> Job:
+            pieces, speakers = self.plan(request)
+            return Job(key, pieces, speakers, cancel)
+
+        self.batcher = ContinuousBatcher(
+            gen, self.sampling, max_rows=self.max_batch,
+            normalize=lambda text: str(chat.normalizer(text, True, True, None)),
+            new_decoder=lambda: IncrementalDecoder(self._decode, self.stream_config),
+            new_fader=lambda: Fader(self.fade_samples), on_done=self._utterance_done)
+        yield from self.batcher.serve(admit, plan)
 
     def _round(self, gen: Generator, texts: list[str], speakers: list[torch.Tensor], rows: list[int],
                cancel: Sequence[threading.Event]) -> Iterator[tuple[int, Pcm]]:

@@ -1,0 +1,288 @@
+"""Continuous batching for ChatTTS: a row joins the running GPT batch at the next step and leaves
+on EOS or cancel, instead of waiting for a batch window and for the whole batch to end.
+
+One :class:`ContinuousBatcher` per context owns the batch (as TGI's router owns its queue): the
+KV cache, one mask row, position and pending hidden state per row, and the jobs waiting for a
+slot. Every turn of :meth:`ContinuousBatcher.serve` is one GPT step::
+
+    admit()             new requests (blocks only when nothing runs)
+    drop cancelled      their KV rows go before the step is paid for
+    join                waiting pieces prefill together, their KV rows merge into the batch (kv.py)
+    sample              one code per row; each row's own windowed decode and fades, as stream_batch
+    drop cancelled      a cut set while a chunk was handed out stops the row here
+    forward             one decode step for the rows left
+
+A multi-piece utterance keeps its place: when a piece ends its next piece joins at the next step
+(its own prefill, its own speaker embedding), before any newer request. Per-row sampling state
+(the repetition window, the minimum length, the step count) is the row's own, so with argmax
+sampling a row's codes, and therefore its audio, are those of the same row run alone up to float
+rounding, whatever joins or leaves around it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from ChatTTS.model.processors import gen_logits
+from transformers import DynamicCache
+
+from workers.engines.base import Admit, Pcm, SynthesisRequest
+from workers.engines.chattts import kv
+from workers.engines.chattts.generation import Generator, SamplingParams, _has_float_params, _mask_or_none
+from workers.engines.chattts.streaming import Fader, IncrementalDecoder
+
+log = logging.getLogger("voxroom.engine.chattts")
+
+Event = tuple[Hashable, Pcm | None]
+
+
+@dataclass(slots=True)
+class Job:
+    """One request: its text pieces, the speaker embedding of each, and where it is."""
+    key: Hashable
+    pieces: list[str]
+    speakers: list[torch.Tensor]
+    cancel: threading.Event
+    piece: int = 0
+
+
+@dataclass(slots=True)
+class _Row:
+    """One piece of a job in the GPT batch, with that piece's own decoder and fades."""
+    job: Job
+    decoder: IncrementalDecoder
+    fader: Fader
+    hiddens: list[torch.Tensor] = field(default_factory=list)
+    history: int = 0
+    """Codes of this row in the repetition window (``codes``' rightmost columns)."""
+
+
+Planner = Callable[[Hashable, SynthesisRequest, threading.Event], Job]
+"""``(key, request, cancel)`` -> the request's :class:`Job`; raises ``EngineError`` for a bad one."""
+
+
+class ContinuousBatcher:
+    """The running batch of one context. Not thread-safe: the context's thread drives it."""
+
+    def __init__(self, gen: Generator, params: SamplingParams, *, max_rows: int,
+                 normalize: Callable[[str], str], new_decoder: Callable[[], IncrementalDecoder],
+                 new_fader: Callable[[], Fader], on_done: Callable[[], None]) -> None:
+        self.gen = gen
+        self.params = params
+        self.max_rows = max_rows
+        """GPT rows at once; further requests wait (FIFO) for a row to leave."""
+        self.normalize = normalize
+        self.new_decoder = new_decoder
+        self.new_fader = new_fader
+        self.on_done = on_done
+        llama = gen.llama
+        self.llama = llama
+        self.dtype = next(llama.parameters()).dtype if _has_float_params(llama) else torch.float32
+        self.warpers, self.processors = gen_logits(num_code=gen.num_code, top_P=params.top_p, top_K=params.top_k,
+                                                   repetition_penalty=params.repetition_penalty)
+        # Only the repetition penalty looks back, and only over its window (16 codes upstream).
+        self.window = max((int(getattr(p, "past_window", 0)) for p in self.processors), default=0)
+        self.steps = 0
+        """GPT forward passes (prefills and decode steps) so far, for tests and benchmarks."""
+        self.waiting: deque[Job] = deque()
+        self._reset()
+
+    def _reset(self) -> None:
+        self.rows: list[_Row] = []
+        self.cache: DynamicCache | None = None
+        dev = self.gen.device
+        self.mask = torch.zeros(0, 0, dtype=torch.long, device=dev)
+        self.last_pos = torch.zeros(0, dtype=torch.long, device=dev)
+        self.hidden = torch.zeros(0, 0, device=dev)
+        self.codes = torch.zeros(0, self.gen.num_vq, self.window, dtype=torch.long, device=dev)
+        self.idx: torch.Tensor | None = None
+
+    # --- the loop --------------------------------------------------------------------------------
+    def serve(self, admit: Admit, plan: Planner) -> Iterator[Event]:
+        """Yield ``(key, chunk)`` as rows produce audio and ``(key, None)`` once per request when
+        it is done (finished, cancelled, or refused by ``plan``); return when ``admit`` returns
+        ``None``."""
+        while True:
+            admitted = admit(0.0 if self.rows or self.waiting else None)
+            if admitted is None:
+                return
+            for key, request, cancel in admitted:
+                try:
+                    job = plan(key, request, cancel)
+                except Exception:  # one bad request must not fail the rows running beside it
+                    log.exception("chattts: request %s refused", key)
+                    yield key, None
+                    continue
+                if job.pieces:
+                    self.waiting.append(job)
+                else:  # nothing to say (no speakable text)
+                    self.on_done()
+                    yield key, None
+            yield from self._drop_cancelled()
+            free = self.max_rows - len(self.rows)
+            if free > 0 and self.waiting:
+                self._join([self.waiting.popleft() for _ in range(min(free, len(self.waiting)))])
+            if not self.rows:
+                continue
+            yield from self._sample()
+            yield from self._drop_cancelled()
+            if self.rows:
+                self._forward()
+
+    # --- rows in and out -------------------------------------------------------------------------
+    def _drop_cancelled(self) -> list[Event]:
+        events: list[Event] = []
+        for job in [j for j in self.waiting if j.cancel.is_set()]:
+            self.waiting.remove(job)
+            events.append((job.key, None))
+        gone = [row for row in self.rows if row.job.cancel.is_set()]
+        if gone:
+            self._keep([i for i, row in enumerate(self.rows) if not row.job.cancel.is_set()])
+            events += [(row.job.key, None) for row in gone]
+        return events
+
+    @torch.inference_mode()
+    def _join(self, jobs: list[Job]) -> None:
+        """Prefill the jobs' current pieces together (left-padded among themselves) and merge
+        their KV rows, positions and first hidden states into the batch."""
+        gen = self.gen
+        texts = [self.normalize(j.pieces[j.piece]) for j in jobs]
+        emb, mask = gen.prepare(texts, [j.speakers[j.piece] for j in jobs], self.params)
+        mask = mask.to(gen.device).long()
+        position = (mask.cumsum(-1) - 1).clamp_(min=0)
+        cache = DynamicCache(config=self.llama.config)
+        out = self.llama(inputs_embeds=emb.to(self.dtype), attention_mask=_mask_or_none(mask),
+                         position_ids=position, cache=cache, use_cache=True)
+        self.steps += 1
+        hidden = out.last_hidden_state[:, -1].float()
+        if self.cache is None:
+            self.cache, self.mask, self.hidden = cache, mask, hidden
+            self.last_pos = position[:, -1]
+        else:
+            self.mask = kv.merge(self.cache, self.mask, cache, mask)
+            self.hidden = torch.cat([self.hidden, hidden])
+            self.last_pos = torch.cat([self.last_pos, position[:, -1]])
+        self.codes = torch.cat([self.codes, self.codes.new_zeros(len(jobs), *self.codes.shape[1:])])
+        self.rows += [_Row(j, self.new_decoder(), self.new_fader()) for j in jobs]
+
+    def _keep(self, keep: list[int]) -> None:
+        """Keep only the rows at ``keep`` (batch positions); cut columns no row uses any more."""
+        if len(keep) == len(self.rows):
+            return
+        if not keep:
+            self._reset()
+            return
+        assert self.cache is not None
+        sel = torch.tensor(keep, device=self.gen.device)
+        self.rows = [self.rows[i] for i in keep]
+        self.cache.batch_select_indices(sel)
+        self.mask, self.last_pos, self.hidden, self.codes = (self.mask[sel], self.last_pos[sel],
+                                                             self.hidden[sel], self.codes[sel])
+        if self.idx is not None:
+            self.idx = self.idx[sel]
+        self.mask = kv.trim(self.cache, self.mask)
+
+    # --- one step ---------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def _sample(self) -> list[Event]:
+        """Pick every row's next code from its pending hidden state; hand out the audio that is
+        ready; end the pieces that hit EOS or ``max_new_tokens``."""
+        idx = self._pick()
+        eos = idx.eq(self.gen.num_code).any(1).tolist()
+        keep: list[int] = []
+        events: list[Event] = []
+        next_pieces: list[Job] = []
+        for i, row in enumerate(self.rows):
+            ended = bool(eos[i])
+            if not ended:
+                # the hidden that produced a non-EOS code is that code's decoder input (as upstream)
+                row.hiddens.append(self.hidden[i])
+                ended = len(row.hiddens) >= self.params.max_new_tokens
+            if not ended:
+                keep.append(i)
+                if row.decoder.ready(len(row.hiddens)):
+                    events += self._audio(row, final=False)
+                continue
+            events += self._audio(row, final=True)
+            job = row.job
+            job.piece += 1
+            if job.piece < len(job.pieces):
+                next_pieces.append(job)
+            else:
+                self.on_done()
+                events.append((job.key, None))
+        # An utterance's next piece keeps its place ahead of newer requests.
+        self.waiting.extendleft(reversed(next_pieces))
+        if self.window:
+            self.codes = torch.cat([self.codes[:, :, 1:], idx.unsqueeze(-1)], dim=2)
+            for row in self.rows:
+                row.history = min(row.history + 1, self.window)
+        self.idx = idx
+        self._keep(keep)
+        return events
+
+    def _audio(self, row: _Row, *, final: bool) -> list[Event]:
+        chunk = row.decoder.emit(row.hiddens, final)
+        if not len(chunk):
+            return []
+        return [(row.job.key, row.fader.apply(np.clip(chunk, -1.0, 1.0), final))]
+
+    def _pick(self) -> torch.Tensor:
+        """``(B, num_vq)`` codes. ChatTTS's processors and warpers, with the repetition penalty fed
+        each row's own history: rows whose windows hold as many codes go through it together."""
+        gen, params = self.gen, self.params
+        b, q = len(self.rows), gen.num_vq
+        logits = torch.einsum("bh,qch->bqc", self.hidden, gen.head)
+        if params.temperature > 0:
+            logits = logits / params.temperature
+        if self.processors:
+            by_length: dict[int, list[int]] = {}
+            for i, row in enumerate(self.rows):
+                by_length.setdefault(row.history, []).append(i)
+            for n, members in by_length.items():
+                whole = len(members) == b  # the usual case once every row has spoken 16 steps
+                sel = None if whole else torch.tensor(members, device=logits.device)
+                codes = self.codes if sel is None else self.codes[sel]
+                part = (logits if sel is None else logits[sel]).reshape(len(members) * q, -1)
+                history = codes[:, :, self.window - n:].reshape(len(members) * q, n)
+                for proc in self.processors:
+                    part = proc(history, part)
+                if sel is None:
+                    logits = part.view(b, q, -1)
+                else:
+                    logits[sel] = part.view(len(members), q, -1)
+        flat = logits.reshape(b * q, -1)
+        empty = self.codes.new_zeros(b * q, 0)
+        for warp in self.warpers:  # top-P / top-K: per row, no history
+            flat = warp(empty, flat)
+        young = [i for i, row in enumerate(self.rows) if len(row.hiddens) < params.min_new_tokens]
+        if young:
+            flat = flat.view(b, q, -1)
+            flat[torch.tensor(young, device=flat.device), :, gen.num_code] = -torch.inf
+            flat = flat.view(b * q, -1)
+        if params.temperature <= 0:
+            picked = flat.argmax(-1)
+        else:
+            picked = torch.multinomial(F.softmax(flat, dim=-1), 1, generator=gen.rng).squeeze(1)
+        return picked.view(b, q)
+
+    @torch.inference_mode()
+    def _forward(self) -> None:
+        """One decode step: every row's picked code in, every row's next hidden state out."""
+        assert self.idx is not None and self.cache is not None
+        idx, self.idx = self.idx, None
+        emb_code = self.gen.emb_code
+        nxt = torch.stack([emb_code[k](idx[:, k]) for k in range(self.gen.num_vq)], 2).sum(2)
+        self.mask = torch.cat([self.mask, self.mask.new_ones(self.mask.size(0), 1)], dim=1)
+        self.last_pos = self.last_pos + 1
+        out = self.llama(inputs_embeds=nxt.unsqueeze(1).to(self.dtype), attention_mask=_mask_or_none(self.mask),
+                         position_ids=self.last_pos.unsqueeze(1), cache=self.cache, use_cache=True)
+        self.steps += 1
+        self.hidden = out.last_hidden_state[:, -1].float()
