@@ -6,8 +6,11 @@ locks of their own and blocking inference never touches the event loop.
 
 Bounds (and what happens past them):
 
-- ``queue_size``: jobs accepted but not started. The worker reads from Redis only while the pool
-  has room, so past this bound jobs simply stay in Redis for another worker (back-pressure).
+- ``queue_size``: jobs accepted but not started, one per room (each room's next line);
+  ``backlog``: the later lines of those rooms, held behind them. The queue takes rooms in turn,
+  the one that runs out of audio soonest first (``workers/jobqueue.py``). The worker reads from
+  Redis only while the pool has room, so past these bounds jobs simply stay in Redis for another
+  worker (back-pressure).
 - ``inflight``: jobs between start of synthesis and end of publishing. A finished synthesis whose
   room is still busy playing a predecessor keeps its slot until it is published.
 - Adopted jobs (claimed from a dead worker, :meth:`Context.adopt`) go ahead of the queue and may
@@ -32,6 +35,7 @@ from typing import TypeGuard
 import numpy as np
 
 from voxroom.errors import EngineError
+from voxroom.protocol import SLICE_MS
 from voxroom.voices import Catalog
 from workers.cache import AudioCache, fingerprint, to_slices
 from workers.engines.base import BatchEngine, ContinuousEngine, Engine, SynthesisRequest
@@ -45,15 +49,18 @@ log = logging.getLogger("voxroom.worker.context")
 class Context:
     def __init__(self, name: str, device: str, engines: dict[str, Engine], catalog: Catalog, *,
                  queue_size: int = 4, inflight: int = 64, batch_window_ms: float = 15.0,
-                 max_slices: int = MAX_UTTERANCE_SLICES) -> None:
+                 max_slices: int = MAX_UTTERANCE_SLICES, backlog: int = 64, fair: bool = True) -> None:
         self.name = name
         self.device = device
         self.engines = engines
         self.catalog = catalog
-        self.queue = JobQueue(queue_size)
+        self.queue = JobQueue(queue_size, backlog, fair=fair)
         self.inflight = inflight
         self.active = 0
         """Jobs taken off the queue and not yet published."""
+        self.playing: dict[str, list[Utterance]] = {}
+        """Those same jobs by room: their slices not yet published are the room's buffered audio
+        (what the queue schedules by, see ``ContextPool.buffered_ms``)."""
         self.adopted = 0
         """Adopted jobs held past the bounds (see the module docstring), at most ``inflight``."""
         self.batch_window_s = batch_window_ms / 1000.0
@@ -80,7 +87,7 @@ class Context:
 
     @property
     def capacity(self) -> int:
-        return self.queue.maxsize + self.inflight
+        return self.queue.maxsize + self.queue.backlog + self.inflight
 
     def free(self) -> int:
         return max(0, self.capacity - self.load)
@@ -114,8 +121,7 @@ class Context:
             except BaseException:
                 self._slots.release()
                 raise
-            self.active += 1
-            self.on_free()
+            self._taken(first)
             engine = self._engine_for(first)
             if _continuous(engine):
                 # One runner takes every room a GPU serves: each job's cache lookup and hand-off
@@ -302,8 +308,7 @@ class Context:
                 self.queue.put_back(utt)
                 break
             await self._slots.acquire()  # never waits: not locked, and only this runner acquires
-            self.active += 1
-            self.on_free()
+            self._taken(utt)
             more.append(utt)
         return more
 
@@ -319,8 +324,27 @@ class Context:
         self._slots.release()  # the lent slot: the runner may take it at once, whatever it waits on
         return True
 
+    def _taken(self, utt: Utterance) -> None:
+        self.active += 1
+        self.playing.setdefault(utt.job.room, []).append(utt)
+        self.on_free()
+
+    def buffered_ms(self, room: str) -> float:
+        """Audio of ``room`` this context made and has not published yet (a line in synthesis
+        counts what it has so far). Paced publishing takes a slice ``lead_ms`` before it plays, so
+        this is about how long the room's audio lasts beyond the lead."""
+        utts = self.playing.get(room)
+        return sum(u.slices.pending() for u in utts) * SLICE_MS if utts else 0.0
+
     def release(self, utt: Utterance) -> None:
         """A job of this context finished publishing."""
+        utts = self.playing.get(utt.job.room, [])
+        for i, held in enumerate(utts):
+            if held is utt:  # by identity: dataclass equality would compare every field
+                del utts[i]
+                if not utts:
+                    del self.playing[utt.job.room]
+                break
         self.active -= 1
         if utt.adopted:
             self.adopted -= 1  # its lent slot ends with it

@@ -97,6 +97,11 @@ class SliceBuffer:
         """A slice is already waiting (so publishing it now costs no wait)."""
         return bool(self._items)
 
+    def pending(self) -> int:
+        """Slices made and not yet taken (read from the loop while the thread appends: ``len`` of
+        a ``deque`` is atomic)."""
+        return len(self._items)
+
     def next_is_end(self) -> bool:
         """Nothing is waiting and the producer is done: the slice just taken was the last."""
         return self._closed and not self._items

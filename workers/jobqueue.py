@@ -1,35 +1,110 @@
-"""A context's queue of jobs not yet started (see ``workers/context.py`` for its bounds)."""
+"""A context's queue of jobs not yet started, fair across rooms (see ``workers/context.py`` for
+the context's other bounds).
+
+Before, it was one FIFO: a room that queued 16 lines made every room behind it wait for all 16
+syntheses (13.7 s to another room's first audio, issue 14). Now each room has a FIFO of its own
+and the runner takes, of the rooms that run out of audio soonest, the next one in turn:
+
+- **Rooms in turn.** The rooms are served round robin: a room whose line was taken goes to the
+  back of the rotation. One room's backlog delays another room's line by at most one line of
+  each room ahead of it in the rotation (usually none, see the next point).
+- **Playout deadline first.** ``buffered_ms(room)`` says how much audio of the room this worker
+  holds and has not yet published (the context's pool sums it over the room's lines in
+  synthesis or waiting to publish). A room with less than :data:`URGENT_MS` buffered (nothing
+  playing, or its last line nearly done) goes before a room whose audio still plays for seconds,
+  which can wait: its next line cannot play before the current one ends anyway.
+- **A room's lines in order.** Within a room, lines are taken in ``seq`` order.
+
+Bounds: ``maxsize`` counts *ready* lines (each room's first queued line, plus a line put back);
+``backlog`` counts the later lines held behind them. Reading a room's backlog is what lets the
+context see the other rooms' lines behind a flood in the ``vx:jobs`` stream: with only
+``maxsize`` (4) lines of look-ahead, the queue held nothing but the flooding room's lines. Past
+either bound the worker stops reading (:meth:`room`); the jobs stay in Redis (back-pressure).
+Adopted jobs (:meth:`put_first`) go ahead of everything, whatever the bounds.
+
+``fair=False`` keeps the old first-come-first-served queue (one FIFO bounded at ``maxsize``, no
+backlog) for benchmarks that compare the two (``VOXROOM_CONTEXT_FAIR=0``).
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections import deque
+import bisect
+from collections import OrderedDict, deque
+from collections.abc import Callable
 
 from workers.job import Utterance
 
+URGENT_MS = 1000.0
+"""A room with less audio than this buffered is about to run out: such rooms are equally
+urgent (served in turn); a room with more waits behind them, the most buffered last."""
+
+
+def _nothing_buffered(room: str) -> float:
+    del room
+    return 0.0
+
 
 class JobQueue:
-    """A context's queue of jobs not yet started: bounded at ``maxsize`` for what the worker
-    reads, with a first lane for adopted jobs (:meth:`Context.adopt`) that passes the bound.
-    One consumer, the context's runner."""
+    """One consumer, the context's runner; one producer, the worker's intake (through the pool)."""
 
-    def __init__(self, maxsize: int) -> None:
+    def __init__(self, maxsize: int, backlog: int = 64, *, fair: bool = True) -> None:
         self.maxsize = maxsize
+        self.backlog = backlog if fair else 0
+        self.fair = fair
+        self.buffered_ms: Callable[[str], float] = _nothing_buffered
+        """Audio of a room not yet published (ms); the pool sets it (``ContextPool``)."""
         self._first: deque[Utterance] = deque()
-        self._items: deque[Utterance] = deque()
+        self._back: deque[Utterance] = deque()
+        """Jobs put back (:meth:`put_back`): next, in the order they were taken."""
+        self._rooms: OrderedDict[str, deque[Utterance]] = OrderedDict()
+        """Each room's queued lines in ``seq`` order; the dict's order is the rotation. In FIFO
+        mode one deque under the key ``""`` holds every job."""
+        self._size = 0
         self._ready = asyncio.Event()
 
     def qsize(self) -> int:
-        return len(self._first) + len(self._items)
+        return len(self._first) + len(self._back) + self._size
 
     def empty(self) -> bool:
-        return not self._first and not self._items
+        return self.qsize() == 0
+
+    def ready(self) -> int:
+        """Lines that count against ``maxsize``."""
+        return len(self._back) + (len(self._rooms) if self.fair else self._size)
+
+    def held(self) -> int:
+        """Later lines held behind their room's first (they count against ``backlog``)."""
+        return self._size - len(self._rooms) if self.fair else 0
+
+    def room(self) -> int:
+        """How many more jobs, of any rooms, may be read for this queue: each fits, whether it
+        turns out to be a room's first line here or a later one."""
+        if not self.fair:
+            return max(0, self.maxsize - self._size)
+        return max(0, min(self.maxsize - self.ready(), self.backlog - self.held()))
+
+    def holds(self, room: str) -> bool:
+        """Lines of ``room`` are queued here (a later line of it belongs behind them)."""
+        return self.fair and room in self._rooms
+
+    def fits(self, utt: Utterance) -> bool:
+        if not self.fair:
+            return self._size < self.maxsize
+        if utt.job.room in self._rooms:
+            return self.held() < self.backlog
+        return self.ready() < self.maxsize
 
     def put_nowait(self, utt: Utterance) -> None:
-        """Raises ``asyncio.QueueFull`` past ``maxsize``."""
-        if self.qsize() >= self.maxsize:
+        """Raises ``asyncio.QueueFull`` when it does not fit (:meth:`fits`)."""
+        if not self.fits(utt):
             raise asyncio.QueueFull
-        self._items.append(utt)
+        lines = self._rooms.setdefault(utt.job.room if self.fair else "", deque())
+        if not lines or not self.fair or lines[-1].job.seq <= utt.job.seq:
+            lines.append(utt)
+        else:  # out of order (a later line read first): still taken in seq order
+            bisect.insort(lines, utt, key=lambda u: u.job.seq)
+        self._size += 1
         self._ready.set()
 
     async def put(self, utt: Utterance) -> None:
@@ -43,15 +118,40 @@ class JobQueue:
 
     def put_back(self, utt: Utterance) -> None:
         """Return a job just taken (it goes first again)."""
-        (self._first if utt.adopted else self._items).appendleft(utt)
+        (self._first if utt.adopted else self._back).appendleft(utt)
         self._ready.set()
 
     def get_nowait(self) -> Utterance:
         if self._first:
             return self._first.popleft()
-        if self._items:
-            return self._items.popleft()
-        raise asyncio.QueueEmpty
+        if self._back:
+            return self._back.popleft()
+        if not self._rooms:
+            raise asyncio.QueueEmpty
+        name = self._next_room()
+        lines = self._rooms[name]
+        utt = lines.popleft()
+        self._size -= 1
+        if lines:
+            self._rooms.move_to_end(name)  # its turn is over: to the back of the rotation
+        else:
+            del self._rooms[name]
+        return utt
+
+    def _next_room(self) -> str:
+        """The first room in the rotation among those that run out of audio soonest. At most
+        ``maxsize`` rooms are looked at (each a few dict lookups): cheap per job."""
+        best, best_key = "", float("inf")
+        for name in self._rooms:
+            if not self.fair:
+                return name
+            buffered = self.buffered_ms(name)
+            key = 0.0 if buffered < URGENT_MS else buffered
+            if key < best_key:
+                best, best_key = name, key
+                if key == 0.0:
+                    break
+        return best
 
     async def get(self) -> Utterance:
         while self.empty():

@@ -1,4 +1,5 @@
-"""The context pool: one context per GPU, or ``cpu_contexts`` CPU contexts; least-loaded dispatch."""
+"""The context pool: one context per GPU, or ``cpu_contexts`` CPU contexts; least-loaded dispatch,
+a room's later lines behind its first (``workers/jobqueue.py``: contexts take rooms in turn)."""
 
 from __future__ import annotations
 
@@ -32,10 +33,11 @@ def detect_devices(cpu_contexts: int) -> list[str]:
 class ContextPool:
     def __init__(self, devices: list[str], make_engines: EngineFactory, catalog: Catalog, *,
                  queue_size: int = 4, inflight: int = 64, batch_window_ms: float = 15.0,
-                 max_slices: int = 4096) -> None:
+                 max_slices: int = 4096, backlog: int = 64, fair: bool = True) -> None:
         self.contexts = [
             Context(f"{device}#{i}", device, make_engines(device), catalog, queue_size=queue_size,
-                    inflight=inflight, batch_window_ms=batch_window_ms, max_slices=max_slices)
+                    inflight=inflight, batch_window_ms=batch_window_ms, max_slices=max_slices,
+                    backlog=backlog, fair=fair)
             for i, device in enumerate(devices)
         ]
         self._served = frozenset(self.engine_names())
@@ -45,6 +47,14 @@ class ContextPool:
         queue slot opens when synthesis takes the next job, seconds before the line has played."""
         for ctx in self.contexts:
             ctx.on_free = self.freed.set
+            ctx.queue.buffered_ms = self.buffered_ms
+
+    def buffered_ms(self, room: str) -> float:
+        """Audio of ``room`` made here and not yet published, over every context (a room's lines
+        may be synthesized by several): how soon the room runs out, what the queues schedule by."""
+        if len(self.contexts) == 1:
+            return self.contexts[0].buffered_ms(room)
+        return sum(c.buffered_ms(room) for c in self.contexts)
 
     def engine_names(self) -> set[str]:
         return set().union(*(c.engines.keys() for c in self.contexts))
@@ -59,7 +69,9 @@ class ContextPool:
 
     def free(self) -> int:
         """How many more jobs the pool can take right now (what the worker asks Redis for)."""
-        return sum(max(0, min(c.free(), c.queue.maxsize - c.queue.qsize())) for c in self.contexts)
+        # Each context's share fits any job: a room's first line here or a later one (a later line
+        # whose room's context has no backlog left goes elsewhere as a first line: see submit).
+        return sum(max(0, min(c.free(), c.queue.room())) for c in self.contexts)
 
     def adoptable(self) -> int:
         """How many jobs claimed from dead workers the pool may take past :meth:`free`."""
@@ -73,27 +85,39 @@ class ContextPool:
                 return ctx
         return None
 
+    def has_lines_of(self, room: str) -> bool:
+        """Some context holds a line of ``room``, queued or between synthesis and published."""
+        return any(c.queue.holds(room) or room in c.playing for c in self.contexts)
+
     def load(self) -> int:
         return sum(c.load for c in self.contexts)
 
     def submit(self, utt: Utterance, engine: str) -> Context | None:
-        """Queue ``utt`` on the least-loaded context that holds ``engine`` (the first in pool order
-        among equals). ``None`` when none of them has room: never raises. The intake loop reads
-        only what :meth:`free` allows and is the only caller, so ``None`` means the contexts differ
-        in engines (an optional engine failed to load on one); the caller leaves the job in Redis."""
+        """Queue ``utt`` on an idle context that holds ``engine``; else behind its room's lines
+        already queued on one; else on the least-loaded one (the first in pool order among
+        equals). ``None`` when none of them has room: never raises. The intake loop reads only what
+        :meth:`free` allows and is the only caller, so ``None`` means the contexts differ in
+        engines (an optional engine failed to load on one); the caller leaves the job in Redis."""
         # One pass, stopping at the first idle context: with one context per room of a busy GPU
         # host (or 100 in the benchmark) a scan with a sort key cost more than the job's own start.
+        # Otherwise a room's later lines wait on the context that has its earlier ones: spread as
+        # first lines over every context, one room's flood would hold them all in turn.
         best: Context | None = None
+        own: Context | None = None
         best_load = 0
+        room = utt.job.room
         for ctx in self.contexts:
-            queued = ctx.queue.qsize()
-            if queued >= ctx.queue.maxsize or engine not in ctx.engines:
+            if engine not in ctx.engines or not ctx.queue.fits(utt):
                 continue
-            load = queued + ctx.active
+            load = ctx.queue.qsize() + ctx.active
+            if load == 0:
+                best, own = ctx, None  # idle (so it holds nothing of the room): starts at once
+                break
+            if own is None and ctx.queue.holds(room):
+                own = ctx
             if best is None or load < best_load:
                 best, best_load = ctx, load
-                if load == 0:
-                    break
+        best = own or best
         if best is None:
             return None
         best.queue.put_nowait(utt)

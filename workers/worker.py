@@ -238,7 +238,14 @@ class Worker:
             self.inflight[job.entry_id] = utt
             self._start_publisher(utt, None)
             return
-        ctx = self.pool.submit(utt, voice.engine)
+        ctx = None
+        if adopted and self.pool.has_lines_of(job.room):
+            # Its room's later lines are here, queued or holding slots while they wait for its
+            # turn: in the queue (a room's backlog has room for it) it could wait for a slot that
+            # only its own end frees. Ahead, with a slot lent, it cannot.
+            ctx = self.pool.adopt(utt, voice.engine)
+        if ctx is None:
+            ctx = self.pool.submit(utt, voice.engine)
         if ctx is None and adopted:
             ctx = self.pool.adopt(utt, voice.engine)
         if ctx is None:

@@ -166,15 +166,38 @@ async def test_submit_goes_only_to_contexts_holding_the_engine_and_never_raises(
     pool = make_pool(contexts=2, queue=1)
     del pool.contexts[0].engines["synthetic"]  # as when an optional engine failed to load there
     pool.contexts[0].engines["other"] = SyntheticEngine()
-    job = Job(entry_id="1-0", room="x", seq=1, text="Hi.", voice="en-joe", prev_voice="en-joe", sender="t",
-              time_ms=0.0)
+    rooms = iter(range(100))
 
-    def utt() -> Utterance:
+    def utt() -> Utterance:  # a room of its own each: a room's later lines would wait in the backlog
+        job = Job(entry_id="1-0", room=f"x{next(rooms)}", seq=1, text="Hi.", voice="en-joe", prev_voice="en-joe",
+                  sender="t", time_ms=0.0)
         return Utterance(job=job, slices=SliceBuffer(asyncio.get_running_loop()))
 
     assert pool.submit(utt(), "synthetic") is pool.contexts[1]
     assert pool.submit(utt(), "synthetic") is None  # context 1's queue is full; context 0 lacks it
     assert pool.submit(utt(), "other") is pool.contexts[0]
+    pool.close()
+
+
+async def test_submit_puts_a_rooms_later_lines_behind_its_first_unless_a_context_is_idle() -> None:
+    # No runners: nothing leaves the queues, so the loads are what submit saw.
+    pool = make_pool(contexts=2, queue=2)
+
+    def utt(room: str, seq: int) -> Utterance:
+        job = Job(entry_id=f"{room}-{seq}", room=room, seq=seq, text="Hi.", voice="en-joe", prev_voice="en-joe",
+                  sender="t", time_ms=0.0)
+        return Utterance(job=job, slices=SliceBuffer(asyncio.get_running_loop()))
+
+    first, second = pool.contexts
+    assert pool.submit(utt("flood", 1), "synthetic") is first
+    assert pool.submit(utt("flood", 2), "synthetic") is second  # idle: it starts at once
+    # Then behind the room's own lines (its backlog), not as first lines over every context.
+    for seq in range(3, 8):
+        assert pool.submit(utt("flood", seq), "synthetic") is first
+    assert (first.queue.ready(), first.queue.held()) == (1, 5)
+    assert pool.submit(utt("other", 1), "synthetic") is second  # the least loaded
+    assert pool.submit(utt("third", 1), "synthetic") is first
+    assert pool.free() == 0, "both queues hold two rooms' next lines"
     pool.close()
 
 
