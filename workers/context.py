@@ -232,6 +232,18 @@ class Context:
                 if utt.claim("engine"):  # a line the cache serves is not failed by the engine
                     utt.error = f"{type(exc).__name__}: {exc}"
                 self._finish_row(engine, utt, slicer, kept, loop)
+            # Lines handed over but never admitted (the engine failed before asking for them) end
+            # too: this thread is gone, and the next job starts a new one with a new inbox.
+            while True:
+                try:
+                    waiting = inbox.get_nowait()
+                except queue.Empty:
+                    break
+                if waiting is None:
+                    continue
+                if waiting.claim("engine"):
+                    waiting.error = f"{type(exc).__name__}: {exc}"
+                    waiting.slices.close()
 
     def _finish_row(self, engine: Engine, utt: Utterance, slicer: Slicer, kept: list[Slice] | None,
                     loop: asyncio.AbstractEventLoop) -> None:

@@ -165,3 +165,27 @@ async def test_a_hit_that_comes_after_the_engine_began_steps_aside(redis_url: st
         ctx.close()
         await cache.aclose()
         await redis.aclose()
+
+
+class _BrokenAtStart(SyntheticEngine):
+    """Fails before it ever asks for a row (an engine closed, or never loaded)."""
+
+    def stream_continuous(self, admit):  # type: ignore[no-untyped-def]
+        raise RuntimeError("engine gone")
+        yield  # a generator, as the real ones are
+
+
+async def test_lines_handed_to_an_engine_that_fails_before_taking_them_end_failed() -> None:
+    """Before, such a line stayed in the dead thread's inbox forever and its room hung."""
+    engine = _BrokenAtStart(ttfc_ms=TTFC_MS, rtf=0.05, max_batch=16, continuous=True)
+    catalog = worker_catalog(Catalog.load(), {"synthetic"})
+    ctx = Context("cpu#0", "cpu", {"synthetic": engine}, catalog, queue_size=8, inflight=16)
+    runner = asyncio.create_task(ctx.run(lambda _utt: None))
+    try:
+        utt = _utterance(1, "Nobody will say this.")
+        await ctx.queue.put(utt)
+        assert await asyncio.wait_for(utt.slices.get(), 10) is None, "closed, not left waiting"
+        assert utt.error is not None and "engine gone" in utt.error
+    finally:
+        runner.cancel()
+        ctx.close()
