@@ -39,7 +39,7 @@ from app.state import GatewayState
 from app.voices_api import api_error, read_json, served
 from voxroom import keys, tokens
 from voxroom.errors import UnknownVoice
-from voxroom.protocol import MAX_TEXT_CHARS, AudioFrame, ProtocolError, parse_scene
+from voxroom.protocol import AudioFrame, ProtocolError, check_say_text, parse_scene
 from voxroom.settings import Settings
 from voxroom.voice_search import resolve_scene
 from voxroom.voices import Voice
@@ -144,8 +144,10 @@ def _options(body: dict[str, Any]) -> tuple[str, str, float] | Response:
     if not isinstance(text, str) or not text.strip():
         return api_error(400, "'input' must be a non-empty string", "empty_text")
     text = text.strip()
-    if len(text) > MAX_TEXT_CHARS:
-        return api_error(400, f"'input' has {len(text)} characters; the limit is {MAX_TEXT_CHARS}", "text_too_long")
+    try:  # the same markup and length rules as a room's say (voxroom/markup.py)
+        check_say_text(text)
+    except ProtocolError as exc:
+        return api_error(400, exc.message.replace("'text'", "'input'"), exc.code)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         return api_error(400, "'model' must be a string", "bad_message")

@@ -27,6 +27,7 @@ export const ErrorCode = Object.freeze({
   TEXT_TOO_LONG: 'text_too_long',
   EMPTY_TEXT: 'empty_text',
   UNKNOWN_VOICE: 'unknown_voice',
+  UNKNOWN_LANGUAGE: 'unknown_language',
   FRAME_TOO_LARGE: 'frame_too_large',
   DUPLICATE: 'duplicate',
   BUSY: 'busy',

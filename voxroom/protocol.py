@@ -20,6 +20,9 @@ from typing import Any, Final, Literal, NotRequired, TypedDict
 
 import msgpack
 
+from voxroom import markup
+from voxroom.languages import UnknownLanguage, normalize_language
+
 PROTOCOL_VERSION: Final = 1
 ROOM_RATE: Final = 24_000
 """Every room plays at 24 kHz (ChatTTS's native rate); engines are resampled to it."""
@@ -64,6 +67,7 @@ class ErrorCode:
     TEXT_TOO_LONG: Final = "text_too_long"
     EMPTY_TEXT: Final = "empty_text"
     UNKNOWN_VOICE: Final = "unknown_voice"
+    UNKNOWN_LANGUAGE: Final = "unknown_language"  # a scene's language that languages.py cannot map
     FRAME_TOO_LARGE: Final = "frame_too_large"
     DUPLICATE: Final = "duplicate"  # a say whose seq was already accepted: ignored, not spoken twice
     BUSY: Final = "busy"  # the room or the pool is full: retry after ``retry_after_ms``
@@ -223,12 +227,10 @@ def parse_client_message(obj: dict[str, Any]) -> ClientMessage:
         text = text.strip()
         if not text:
             raise ProtocolError(ErrorCode.EMPTY_TEXT, "'text' is empty", seq=seq)
-        if len(text) > MAX_TEXT_CHARS:
-            raise ProtocolError(ErrorCode.TEXT_TOO_LONG,
-                                f"text has {len(text)} characters; the limit is {MAX_TEXT_CHARS}", seq=seq)
         if CONTROL_CHARS_RE.search(text):
             # Nothing speaks them, and a NUL makes the espeak phonemizer raise mid-synthesis.
             raise ProtocolError(ErrorCode.BAD_MESSAGE, "'text' has control characters", seq=seq)
+        check_say_text(text, seq=seq)
         voice = obj.get("voice")
         if voice is not None and (not isinstance(voice, str) or not VOICE_RE.match(voice)):
             raise ProtocolError(ErrorCode.UNKNOWN_VOICE, "'voice' must be a catalog voice id", seq=seq)
@@ -257,9 +259,28 @@ def parse_client_message(obj: dict[str, Any]) -> ClientMessage:
     raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown message type {kind[:32]!r}")
 
 
+def check_say_text(text: str, *, seq: int | None = None) -> None:
+    """Refuse a line's markup and length as every door must (``say``, ``/v1/audio/speech``).
+
+    Markup that is not understood (voxroom/markup.py) is ``bad_message``, never spoken; the
+    :data:`MAX_TEXT_CHARS` limit counts the spoken text, markup excluded (the frame size still
+    bounds the whole); a line that is only pauses is ``empty_text``. ``text`` is stripped."""
+    try:
+        script = markup.parse(text)
+    except markup.MarkupError as exc:
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, str(exc), seq=seq) from None
+    spoken = len(script.spoken)
+    if spoken > MAX_TEXT_CHARS:
+        raise ProtocolError(ErrorCode.TEXT_TOO_LONG,
+                            f"text has {spoken} characters to speak; the limit is {MAX_TEXT_CHARS}", seq=seq)
+    if not spoken:
+        raise ProtocolError(ErrorCode.EMPTY_TEXT, "'text' has pauses but nothing to say", seq=seq)
+
+
 def parse_scene(value: object, *, seq: int | None = None) -> dict[str, str] | None:
     """Validate a scene: a non-empty object of at most :data:`MAX_SCENE_TAGS` lower-case tag names
-    to non-empty strings. ``None`` stays ``None``. Raises :class:`ProtocolError` (``bad_message``)."""
+    to non-empty strings. ``None`` stays ``None``. Raises :class:`ProtocolError` (``bad_message``;
+    ``unknown_language`` when its ``language`` tag names no language voxroom/languages.py knows)."""
     if value is None:
         return None
     if not isinstance(value, dict) or not value or len(value) > MAX_SCENE_TAGS:
@@ -274,6 +295,15 @@ def parse_scene(value: object, *, seq: int | None = None) -> dict[str, str] | No
                                 f"scene tag {key!r} must be a string of 1-{MAX_SCENE_VALUE_CHARS} characters",
                                 seq=seq)
         scene[key] = tag.strip()
+    language = scene.get("language")
+    if language is not None:
+        # Refused here, at the edge, so that every door (``say``, /v1/voices/search,
+        # /v1/audio/speech) answers the same: an unknown language is never spoken by the nearest
+        # voice of some other language.
+        try:
+            normalize_language(language)
+        except UnknownLanguage as exc:
+            raise ProtocolError(ErrorCode.UNKNOWN_LANGUAGE, str(exc), seq=seq) from None
     return scene
 
 

@@ -95,6 +95,13 @@ class Settings:
     """Utterances one context may hold between start of synthesis and end of publishing. Publishing
     takes real time (an utterance plays for seconds) while synthesis is much faster, so this is a
     bound on buffered audio (memory), not on synthesis: at most this many rooms play from one context."""
+    context_backlog: int = 64
+    """Per context: later lines of rooms that already have a line in the context's queue, held
+    behind it so that the context sees the other rooms' lines behind one room's flood and takes
+    rooms in turn (workers/jobqueue.py). Past it the worker stops reading (jobs stay in Redis)."""
+    context_fair: bool = True
+    """Contexts take rooms in turn, the room that runs out of audio soonest first. ``0``: first come
+    first served across rooms, as before issue 14 (kept for bench/fairness.py's comparison)."""
     claim_idle_ms: int = 5_000
     """An utterance pending this long on a dead consumer is claimed by another worker."""
     max_utterance_ms: int = 60_000
@@ -149,6 +156,9 @@ class Settings:
     """In-process LRU in front of Redis, per worker (hottest lines, no round trip)."""
     speech_max_streams: int = 32
     """Concurrent ``POST /v1/audio/speech`` streams per gateway; past it: 503 and Retry-After."""
+    lexicon: str | None = None
+    """A pronunciation lexicon file (workers/engines/lexicon.py, docs/voices.md): words and phrases
+    -> respellings, applied by every engine before synthesis. Refused at start if malformed."""
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def with_(self, **changes: Any) -> Settings:

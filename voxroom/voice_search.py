@@ -170,10 +170,33 @@ class VoiceIndex:
 
     def search(self, scene: Mapping[str, str], k: int = 5,
                allowed: Callable[[Voice], bool] | None = None) -> list[Match]:
-        """The ``k`` voices nearest to the scene, best first, among those ``allowed`` says yes to."""
-        mask = np.array([allowed(v) for v in self.voices], dtype=bool) if allowed is not None else None
+        """The ``k`` voices nearest to the scene, best first, among those ``allowed`` says yes to.
+
+        A scene that names a language finds only voices of that language's family (its
+        macrolanguage: Cantonese may fall back to Mandarin, never to English), so a language no
+        voice speaks finds nothing rather than the nearest voice of another language. Raises
+        :class:`UnknownLanguage` for a language that cannot be mapped (the protocol edge refuses
+        those first, with ``unknown_language``)."""
+        family = _scene_family(scene)
+        mask: npt.NDArray[np.bool_] | None = None
+        if allowed is not None or family is not None:
+            mask = np.array([(allowed is None or allowed(v)) and (family is None or _family(v) == family)
+                             for v in self.voices], dtype=bool)
         rows, scores = top_k(self.matrix, embed(features(scene), self.dim), k, mask)
         return [Match(self.voices[int(i)], float(s)) for i, s in zip(rows, scores, strict=True)]
+
+
+def _scene_family(scene: Mapping[str, str]) -> str | None:
+    """The macrolanguage a scene's ``language`` tag names, or ``None`` when it names none."""
+    language = next((v for k, v in scene.items() if k.strip().lower() == "language" and v.strip()), None)
+    return normalize_language(language).family if language is not None else None
+
+
+def _family(voice: Voice) -> str:
+    try:
+        return normalize_language(voice.language).family
+    except UnknownLanguage:  # a catalog code outside the tables: it is only its own family
+        return voice.language.strip().lower()
 
 
 _INDEXES: weakref.WeakKeyDictionary[Catalog, VoiceIndex] = weakref.WeakKeyDictionary()
@@ -189,7 +212,9 @@ def index_for(catalog: Catalog) -> VoiceIndex:
 
 def resolve_scene(catalog: Catalog, scene: Mapping[str, str],
                   allowed: Callable[[Voice], bool] | None = None) -> Voice:
-    """The best voice for a scene. Raises :class:`UnknownVoice` when no allowed voice exists."""
+    """The best voice for a scene. Raises :class:`UnknownVoice` when no allowed voice exists (none
+    of the scene's language family, when it names a language) and :class:`UnknownLanguage` for a
+    language that cannot be mapped."""
     found = index_for(catalog).search(scene, 1, allowed)
     if not found:
         raise UnknownVoice(f"scene {dict(scene)}")

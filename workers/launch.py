@@ -12,6 +12,7 @@ from voxroom.protocol import SLICE_MS
 from voxroom.settings import Settings
 from voxroom.voices import Catalog, Voice
 from workers.engines.base import Engine
+from workers.engines.lexicon import Lexicon
 from workers.pool import ContextPool, detect_devices
 from workers.worker import Worker
 
@@ -93,15 +94,17 @@ def build_worker(settings: Settings, redis: Redis, *, catalog: Catalog | None = 
     catalog = catalog or Catalog.load(settings.voices_path)
     engines = choose_engines(settings)
     served = worker_catalog(catalog, engines)
+    lexicon = Lexicon.load(settings.lexicon) if settings.lexicon else None  # ConfigError at start
 
     def make_engines(device: str) -> dict[str, Engine]:
-        return {name: registry.create_engine(name, **engine_options(name, settings, catalog))
+        return {name: registry.create_engine(name, lexicon=lexicon, **engine_options(name, settings, catalog))
                 for name in sorted(engines)}
 
     pool = ContextPool(detect_devices(settings.cpu_contexts), make_engines, served,
                        queue_size=settings.context_queue, inflight=settings.context_inflight,
                        batch_window_ms=settings.batch_window_ms,
-                       max_slices=settings.max_utterance_ms // SLICE_MS)
+                       max_slices=settings.max_utterance_ms // SLICE_MS,
+                       backlog=settings.context_backlog, fair=settings.context_fair)
     worker = Worker(redis, pool, served, lead_ms=settings.lead_ms, order_wait_ms=settings.order_wait_ms,
                     claim_idle_ms=settings.claim_idle_ms, resume_window_ms=settings.resume_window_ms,
                     room_idle_ttl_s=settings.room_idle_ttl_s,

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from voxroom.errors import ConfigError, UnknownVoice
+from voxroom.languages import UnknownLanguage
 from voxroom.protocol import ErrorCode, ProtocolError, Say, parse_client_message
 from voxroom.voice_search import (
     DIM,
@@ -64,7 +65,13 @@ def test_allowed_filters_and_resolve_scene_raises_when_nothing_is_left() -> None
     no_yue = index_for(CATALOG).search({"language": "yue"}, 3, lambda v: v.language != "yue")
     assert [m.voice.id for m in no_yue][:2] == ["cmn-m", "cmn-sc"]  # same macrolanguage first
     only_en = index_for(CATALOG).search({"language": "yue"}, 2, lambda v: v.language == "eng")
-    assert {m.voice.id for m in only_en} == {"en-m", "en-f-angry"}
+    assert only_en == []  # never the nearest voice of another language family
+    assert ids({"language": "fra", "gender": "female"}) == []
+    with pytest.raises(UnknownVoice):
+        resolve_scene(CATALOG, {"language": "fra", "gender": "female"})
+    with pytest.raises(UnknownLanguage):
+        resolve_scene(CATALOG, {"language": "cantones", "gender": "female"})
+    assert ids({"gender": "female"}, 2) == ["en-f-angry", "yue-f"]  # no language: every voice counts
     assert resolve_scene(CATALOG, {"gender": "female", "language": "eng"}).id == "en-f-angry"
     with pytest.raises(UnknownVoice):
         resolve_scene(CATALOG, {"language": "yue"}, lambda v: False)
@@ -119,3 +126,14 @@ def test_say_takes_a_scene_instead_of_a_voice() -> None:
         assert err.value.code == ErrorCode.BAD_MESSAGE and err.value.seq == 1
     with pytest.raises(ProtocolError, match="not both"):
         parse_client_message({"type": "say", "seq": 1, "text": "hi", "voice": "en-joe", "scene": {"age": "child"}})
+
+
+def test_a_scene_in_an_unknown_language_is_refused_at_the_edge() -> None:
+    for language in ("cantones", "klingonese", "x", "tlhIngan Hol"):
+        with pytest.raises(ProtocolError) as err:
+            parse_client_message({"type": "say", "seq": 4, "text": "hi",
+                                  "scene": {"language": language, "gender": "female"}})
+        assert err.value.code == ErrorCode.UNKNOWN_LANGUAGE == "unknown_language" and err.value.seq == 4
+    for language in ("cantonese", "zh-HK", "fra", "粤语", "sichuan"):  # known, even with no voice
+        msg = parse_client_message({"type": "say", "seq": 1, "text": "hi", "scene": {"language": language}})
+        assert isinstance(msg, Say) and msg.scene == {"language": language}

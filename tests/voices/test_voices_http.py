@@ -52,3 +52,26 @@ async def test_a_say_with_a_scene_speaks_with_the_best_voice_for_it(stack: Stack
     audio = client.got.audio(1).astype(float) / 32768
     verdict = is_speech_like(audio, ROOM_RATE)
     assert verdict, verdict.reason
+
+
+async def test_an_unknown_scene_language_gets_the_same_answer_at_every_door(stack: Stack, room: str) -> None:
+    scene = {"language": "cantones", "gender": "female"}
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{stack.port}") as http:
+        listed = await http.get("/v1/voices", params={"language": "cantones"})
+        searched = await http.post("/v1/voices/search", json={"scene": scene, "k": 3})
+        spoken = await http.post("/v1/audio/speech", json={"input": "hello", "scene": scene})
+        french = await http.post("/v1/voices/search", json={"scene": {"language": "fra"}, "k": 3})
+    for resp in (listed, searched, spoken):
+        assert resp.status_code == 400, resp.text
+        assert resp.json()["error"]["code"] == "unknown_language", resp.text
+    # A known language that no voice speaks finds nothing, rather than an English voice.
+    assert french.status_code == 200 and french.json()["results"] == []
+    async with RoomClient(stack.port, room) as client:
+        await client.send_json({"type": "say", "seq": 1, "text": "你好", "scene": scene})
+        await client.send_json({"type": "say", "seq": 2, "text": "bonjour", "scene": {"language": "fra"}})
+        await client.send_json({"type": "say", "seq": 3, "text": "你食咗飯未呀？", "scene": {"language": "yue"}})
+        await client.wait_ends(1)
+    errors = client.got.of("error")
+    assert [(e["seq"], e["code"]) for e in errors] == [(1, "unknown_language"), (2, "unknown_voice")]
+    assert [a["seq"] for a in client.got.of("accepted")] == [3]
+    assert [s["voice"] for s in client.got.of("start")] == ["yue-espeak"]

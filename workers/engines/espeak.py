@@ -40,7 +40,8 @@ _LOCK = threading.Lock()
 # Constants from espeak-ng's speak_lib.h.
 _AUDIO_OUTPUT_SYNCHRONOUS = 2
 _INITIALIZE_DONT_EXIT = 0x8000  # report a missing data directory instead of calling exit()
-_CHARS_AUTO = 0  # UTF-8 when valid; no espeakSSML / espeakPHONEMES flag, so text is never markup
+_CHARS_AUTO = 0  # UTF-8 when valid; no espeakSSML flag, so text is never SSML
+_PHONEMES = 0x100  # espeakPHONEMES: ``[[...]]`` holds phoneme mnemonics (the lexicon's; users' are refused)
 _POS_CHARACTER = 1
 _RATE = 1
 _PITCH = 3
@@ -134,7 +135,8 @@ class _Library:
         self.lib.espeak_SetParameter(_PITCH, pitch, 0)
         self.sink = sink
         try:
-            rc = self.lib.espeak_Synth(text, len(text), 0, _POS_CHARACTER, 0, _CHARS_AUTO, None, None)
+            rc = self.lib.espeak_Synth(text, len(text), 0, _POS_CHARACTER, 0, _CHARS_AUTO | _PHONEMES,
+                                         None, None)
         finally:
             self.sink = None
         if rc != _EE_OK and not (sink.cancel.is_set() or sink.stop.is_set()):

@@ -6,10 +6,13 @@ from __future__ import annotations
 import importlib
 import importlib.util
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from voxroom.errors import EngineError
 from workers.engines.base import Engine
+
+if TYPE_CHECKING:
+    from workers.engines.lexicon import Lexicon
 
 ENGINES = ("piper", "espeak", "synthetic", "chattts")
 
@@ -20,12 +23,22 @@ _OFFLINE_REQUIREMENTS = {
 }
 
 
-def create_engine(name: str, **options: Any) -> Engine:
+def create_engine(name: str, *, lexicon: Lexicon | None = None, **options: Any) -> Engine:
     """A new, not yet loaded engine; ``options`` go to its constructor.
+
+    Every engine comes wrapped (workers/engines/markup.py): pauses in the text become exact
+    silence, never words, and ``lexicon`` (when given) respells words before synthesis; the
+    wrapper shows the engine's own attributes as its own.
 
     Raises :class:`EngineError` for an unknown name, when the engine's packages are missing, or
     for an option its constructor does not take.
     """
+    from workers.engines.markup import wrap
+
+    return wrap(_create(name, **options), lexicon)
+
+
+def _create(name: str, **options: Any) -> Engine:
     try:
         factory = _engine_class(name)
     except (ImportError, AttributeError) as exc:
