@@ -170,11 +170,15 @@ def test_room_ids_are_exactly_1_to_64_of_the_safe_charset(room: str) -> None:
 # --- valid says round-trip, over JSON and msgpack alike -----------------------------------------
 
 CONTROLS = "".join(chr(c) for c in range(0x80) if protocol.CONTROL_CHARS_RE.match(chr(c)))
-SAY_TEXT = st.text(st.characters(exclude_characters=CONTROLS), min_size=1,
+# Valid text: no lone surrogates (no UTF-8 form: refused, see the surrogate properties) and no
+# brackets (markup: a valid say's markup is tested in tests/engines/test_markup.py).
+SAY_TEXT = st.text(st.characters(exclude_characters=CONTROLS + "[]<>", exclude_categories=("Cs",)), min_size=1,
                    max_size=protocol.MAX_TEXT_CHARS).filter(lambda s: bool(s.strip()))
 VOICE = st.from_regex(protocol.VOICE_RE, fullmatch=True)
-SCENE = st.dictionaries(st.from_regex(protocol.SCENE_KEY_RE, fullmatch=True),
-                        st.text(min_size=1, max_size=protocol.MAX_SCENE_VALUE_CHARS).filter(lambda s: bool(s.strip())),
+# A scene's ``language`` must name a language (else unknown_language): other tags are free text.
+SCENE = st.dictionaries(st.from_regex(protocol.SCENE_KEY_RE, fullmatch=True).filter(lambda k: k != "language"),
+                        st.text(st.characters(exclude_categories=("Cs",)), min_size=1,
+                                max_size=protocol.MAX_SCENE_VALUE_CHARS).filter(lambda s: bool(s.strip())),
                         min_size=1, max_size=protocol.MAX_SCENE_TAGS)
 
 
