@@ -87,7 +87,7 @@ def check_auth_settings(settings: Settings) -> None:
 
 def create_app(settings: Settings, *, catalog: Catalog | None = None) -> Starlette:
     check_auth_settings(settings)
-    catalog = catalog or Catalog.load(settings.voices_path)
+    catalog = catalog or Catalog.for_settings(settings.voices_path, settings.default_voice)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

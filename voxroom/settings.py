@@ -27,7 +27,9 @@ class Settings:
     """``None`` means: `voxroom serve` starts its own redis-server."""
     voices_path: str | None = None
     """A voice catalog JSON file; ``None`` uses the bundled catalog."""
-    default_voice: str = "en-joe"
+    default_voice: str | None = None
+    """The voice of a ``say`` that names none (and of ``welcome.voice``); ``None``: the catalog's own
+    ``default``. A voice the catalog lacks is refused at start (ConfigError)."""
     log_level: str = "INFO"
     log_format: str = "text"
     """``text`` (human) or ``json`` (one object per line, for log shippers)."""
@@ -40,8 +42,6 @@ class Settings:
     send_queue_slices: int = 50
     """Per-client outbound queue, in frames (2 s of 40 ms audio). Overflow drops the oldest audio."""
     utterance_stream_maxlen: int = 1000
-    output_stream_maxlen: int = 3000
-    """Per-room output stream cap (about 2 minutes of 40 ms slices)."""
     resume_window_ms: int = 120_000
     """A room's output stream keeps this much history (trimmed by time, ``MINID``): what a client
     that reconnects can still be replayed."""

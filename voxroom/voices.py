@@ -85,6 +85,15 @@ class Catalog:
             raise ConfigError(f"malformed voice catalog: {exc!r}") from None
 
     @classmethod
+    def for_settings(cls, voices_path: str | None, default_voice: str | None) -> Catalog:
+        """The catalog a process serves: ``voices_path`` (or the bundled one), its default replaced
+        by ``default_voice`` when given. Raises :class:`ConfigError` for a voice it lacks."""
+        catalog = cls.load(voices_path)
+        if default_voice is None or default_voice == catalog.default:
+            return catalog
+        return cls(list(catalog), default_voice)
+
+    @classmethod
     def load(cls, path: str | Path | None = None) -> Catalog:
         if path is None:
             text = resources.files("voxroom").joinpath("voices.json").read_text("utf-8")

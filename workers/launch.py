@@ -91,7 +91,7 @@ def engine_options(name: str, settings: Settings, catalog: Catalog | None = None
 def build_worker(settings: Settings, redis: Redis, *, catalog: Catalog | None = None) -> Worker:
     from workers.engines import registry
 
-    catalog = catalog or Catalog.load(settings.voices_path)
+    catalog = catalog or Catalog.for_settings(settings.voices_path, settings.default_voice)
     engines = choose_engines(settings)
     served = worker_catalog(catalog, engines)
     lexicon = Lexicon.load(settings.lexicon) if settings.lexicon else None  # ConfigError at start
