@@ -32,11 +32,13 @@ from app.reaper import reap_stalled
 from app.state import GatewayState
 from app.transport import TransportTap
 from app.ws import room_endpoint
-from voxroom import redis_client, tokens
+from voxroom import keys, redis_client, tokens
+from voxroom.backoff import REDIS_DOWN
 from voxroom.errors import ConfigError
 from voxroom.gc_tuning import freeze_startup_objects
 from voxroom.protocol import CloseCode
 from voxroom.settings import Settings
+from voxroom.stream_watcher import StreamWatcher
 from voxroom.supervisor import Supervisor
 from voxroom.voices import Catalog
 
@@ -106,6 +108,7 @@ def create_app(settings: Settings, *, catalog: Catalog | None = None) -> Starlet
                             max_pending_per_room=settings.max_pending_per_room,
                             room_idle_ttl_s=settings.room_idle_ttl_s),
             directory=directory, claims=claims)
+        state.streams = StreamWatcher(bytes_redis, state.hub.control, keys.gateway_wake(gateway_id, "api"))
         app.state.voxroom = state
         with contextlib.suppress(Exception):
             await directory.refresh()
@@ -113,6 +116,7 @@ def create_app(settings: Settings, *, catalog: Catalog | None = None) -> Starlet
         supervisor.spawn("gateway:opus-demand", state.hub.keep_opus_demand)
         supervisor.spawn("gateway:reaper", lambda: reap_stalled(state))
         supervisor.spawn("gateway:client-claims", claims.run)
+        supervisor.spawn("gateway:streams", state.streams.run)
         freeze_startup_objects()
         log.info("gateway %s up (redis %s)", gateway_id, url)
         try:
@@ -126,6 +130,9 @@ def create_app(settings: Settings, *, catalog: Catalog | None = None) -> Starlet
                                    for conn in list(state.clients)))
             await state.hub.close()
             await supervisor.aclose()
+            await state.streams.aclose()
+            with contextlib.suppress(*REDIS_DOWN):
+                await bytes_redis.delete(state.streams.wake_key)
             await claims.release_all()  # its clients reconnect elsewhere now, with the same ids
             await directory.aclose()
             await state.ingress.aclose()

@@ -41,6 +41,7 @@ from voxroom import keys, tokens
 from voxroom.errors import UnknownVoice
 from voxroom.protocol import AudioFrame, ProtocolError, check_say_text, parse_scene
 from voxroom.settings import Settings
+from voxroom.stream_watcher import StreamWatcher
 from voxroom.voice_search import resolve_scene
 from voxroom.voices import Voice
 
@@ -75,6 +76,8 @@ class _Room:
 
     redis: Redis
     room: str
+    watcher: StreamWatcher
+    """The gateway's one blocked read: a response waits there, never on a connection of its own."""
     cursor: str = "0-0"
     chunks: int = 0
     finished: bool = False
@@ -94,19 +97,25 @@ class _Room:
             return out
         deadline = time.monotonic() + IDLE_TIMEOUT_S
         while self.status is None:
-            resp: Any = await self.redis.xread({self.key: self.cursor}, count=256, block=1000)
+            # What is there already, without blocking; then wait for more on the shared watcher.
+            entries: Any = await self.redis.xrange(self.key, min="(" + self.cursor, count=256)
+            if not entries:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no audio from room {self.room} in {IDLE_TIMEOUT_S:.0f} s")
+                await self.watcher.wait(self.room, self.cursor, min(1.0, left))
+                continue
             slices = []
-            for _stream, entries in resp or []:
-                for entry_id, fields in entries:
-                    self.cursor = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
-                    kind = fields.get(b"kind")
-                    if kind == b"chunk":
-                        frame = AudioFrame.decode(fields[b"frame"])
-                        slices.append(np.frombuffer(frame.payload, dtype="<i2").astype(np.int16))
-                        self.chunks += 1
-                    elif kind == b"end":
-                        self.status = fields.get(b"status", b"ok").decode()
-                        self.error = fields.get(b"error", b"").decode()
+            for entry_id, fields in entries:
+                self.cursor = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+                kind = fields.get(b"kind")
+                if kind == b"chunk":
+                    frame = AudioFrame.decode(fields[b"frame"])
+                    slices.append(np.frombuffer(frame.payload, dtype="<i2").astype(np.int16))
+                    self.chunks += 1
+                elif kind == b"end":
+                    self.status = fields.get(b"status", b"ok").decode()
+                    self.error = fields.get(b"error", b"").decode()
             if slices:
                 return slices
             if time.monotonic() > deadline:
@@ -265,7 +274,8 @@ async def _speech(request: Request, limiter: _Limiter) -> Response:
     if outcome.status != "accepted":  # a fresh room has no backlog: only a full job stream does this
         await _cleanup(redis, room, finished=True)
         return api_error(503, "server busy; retry later", "busy", kind="server_error", headers={"Retry-After": "1"})
-    reader = _Room(redis, room)
+    assert state.streams is not None, "the lifespan makes it"
+    reader = _Room(redis, room, state.streams)
     limiter.active += 1
     try:
         # Wait for the first audio before answering, so that a failure is a status, not an empty body.

@@ -13,6 +13,7 @@ from app.hub import RoomHub
 from app.identity import ClientClaims
 from app.ingress import Ingress
 from voxroom.settings import Settings
+from voxroom.stream_watcher import StreamWatcher
 from voxroom.supervisor import Supervisor
 from voxroom.voices import Catalog
 
@@ -35,3 +36,5 @@ class GatewayState:
     claims: ClientClaims | None = None
     """Self-chosen client ids in use here (app/identity.py); ``None``: not claimed (tests)."""
     flood_bans: FloodBans = field(default_factory=FloodBans)
+    streams: StreamWatcher | None = None
+    """The one blocked read the speech API's responses wait on (voxroom/stream_watcher.py)."""

@@ -30,8 +30,8 @@ from redis.exceptions import ResponseError
 from voxroom import keys
 from voxroom.autopipe import AutoPipeline
 from voxroom.redis_client import POOL_MAX_CONNECTIONS, POOL_WAIT_S
+from voxroom.stream_watcher import StreamWatcher
 from workers.job import Job
-from workers.watcher import TurnWatcher
 
 log = logging.getLogger("voxroom.worker.bus")
 
@@ -158,7 +158,7 @@ class WorkerBus:
         self.auto = AutoPipeline(redis)
         self._reads = AutoPipeline(redis, timeout_s=30.0)
         """The job reader's own connection (its reads block; a read asks for at most 2 s)."""
-        self.watcher: TurnWatcher | None = None
+        self.watcher: StreamWatcher | None = None
         """Set by the worker: every turn wait shares its one blocked read."""
 
     async def ensure_group(self) -> None:
@@ -232,7 +232,7 @@ class WorkerBus:
 
     async def wait_output(self, room: str, after_id: str, block_ms: int) -> str:
         """Block until the room's output stream has an entry after ``after_id``; return the new tail.
-        Through the worker's one turn watcher when it has one (``workers/watcher.py``)."""
+        Through the worker's one turn watcher when it has one (``voxroom/stream_watcher.py``)."""
         if self.watcher is not None:
             return await self.watcher.wait(room, after_id, max(1, block_ms) / 1000.0)
         resp: Any = await self.raw.xread({keys.room_output(room): after_id}, block=max(1, block_ms), count=64)

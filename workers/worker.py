@@ -15,7 +15,7 @@ One asyncio loop per worker process runs, each loop under one :class:`voxroom.su
 - ``heartbeat``: ``vx:worker:{id}`` (with loop liveness: ``loops_down``, ``loop_restarts``) and
   this worker's entry in the ``vx:workers`` registry.
 - ``turns``: one blocked ``XREAD`` over the output streams of the rooms where an utterance waits
-  for its turn (``workers/watcher.py``), instead of one pooled blocking read per waiting utterance.
+  for its turn (``voxroom/stream_watcher.py``), instead of one pooled blocking read per waiting utterance.
 - ``cache:stores``: the audio cache's writer, when the cache is on.
 
 Plus one publisher task per utterance in flight. Every loop treats ``REDIS_DOWN`` (connection
@@ -45,6 +45,7 @@ from voxroom.backoff import REDIS_DOWN, Backoff
 from voxroom.clock import RoomClock
 from voxroom.gc_tuning import freeze_startup_objects
 from voxroom.metrics import context_fields
+from voxroom.stream_watcher import StreamWatcher
 from voxroom.supervisor import Supervisor
 from voxroom.voices import Catalog
 from workers.bus import OwnershipLost, WorkerBus
@@ -53,7 +54,6 @@ from workers.context import Context
 from workers.job import Job, SliceBuffer, Utterance
 from workers.pool import ContextPool
 from workers.publisher import PublishResult, publish_utterance
-from workers.watcher import TurnWatcher
 
 log = logging.getLogger("voxroom.worker")
 HEARTBEAT_S = 2.0
@@ -93,7 +93,7 @@ class Worker:
         self.opus_bitrate = opus_bitrate if opus_bitrate > 0 and _has_pyav() else 0
         if opus_bitrate > 0 and not self.opus_bitrate:
             log.warning("PyAV is not installed: publishing PCM only (pip install 'voxroom[opus]')")
-        self.watcher = TurnWatcher(self.bus.raw, self.bus.auto, keys.worker_wake(self.id))
+        self.watcher = StreamWatcher(self.bus.raw, self.bus.auto, keys.worker_wake(self.id))
         self.bus.watcher = self.watcher
         self.cache = (AudioCache(self.bus.raw, slots=cache_slots, entry_max_bytes=cache_entry_max_bytes,
                                  ttl_s=cache_ttl_s, lru_entries=cache_lru_entries) if cache_slots > 0 else None)

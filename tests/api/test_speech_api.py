@@ -169,3 +169,48 @@ async def test_with_auth_on_it_takes_a_speaker_bearer_token_for_the_api(stack: S
             assert (await http.get(f"http://127.0.0.1:{port}/v1/voices")).status_code == 200  # the catalog is public
     finally:
         gateway.stop()
+
+
+async def test_waiting_responses_share_one_blocked_read(tmp_path: Path) -> None:
+    """Six responses waiting for their first audio (the worker is paused) wait on the gateway's one
+    stream watcher (voxroom/stream_watcher.py), not on a blocked XREAD each; all answer once the
+    worker goes on."""
+    import os
+    import signal
+
+    from tests.support.processes import start_worker
+    from voxroom.redis_server import RedisServer
+
+    with RedisServer() as server:
+        worker = start_worker(server.url, tmp_path)
+        gateway, port = start_gateway(server.url, tmp_path)
+        admin = Redis.from_url(server.url, decode_responses=True)
+        try:
+            async def blocked_reads() -> int:
+                return sum(1 for c in await admin.client_list()
+                           if c.get("cmd") == "xread" and "b" in c.get("flags", ""))
+
+            await asyncio.sleep(0.5)
+            before = await blocked_reads()  # the processes' own watchers, always there
+            os.kill(worker.pid, signal.SIGSTOP)
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
+                requests = [asyncio.ensure_future(http.post("/v1/audio/speech", json={
+                    "model": "tts-1", "input": f"Line {n} for the waiting room.", "voice": "en-espeak",
+                    "response_format": "pcm"})) for n in range(6)]
+                for _ in range(100):
+                    await asyncio.sleep(0.1)
+                    if len(await admin.keys("vx:room:_api-*:utt")) == 6:
+                        break
+                assert len(await admin.keys("vx:room:_api-*:utt")) == 6, "all six accepted and waiting"
+                await asyncio.sleep(0.5)
+                during = await blocked_reads()
+                assert during <= before, f"{during - before} more blocked reads for six waiting responses"
+                os.kill(worker.pid, signal.SIGCONT)
+                responses = await asyncio.gather(*requests)
+            assert [r.status_code for r in responses] == [200] * 6
+            assert all(len(r.content) > ROOM_RATE // 2 for r in responses), "each is audio"
+        finally:
+            os.kill(worker.pid, signal.SIGCONT)
+            await admin.aclose()
+            gateway.stop()
+            worker.stop()

@@ -1,4 +1,10 @@
-"""One blocked ``XREAD`` for every utterance of this worker that waits for its room's turn.
+"""One blocked ``XREAD`` for every "wait until this room's output stream moves" in a process.
+
+A worker's utterances wait for their room's turn through it; a gateway's ``POST
+/v1/audio/speech`` responses wait for their private room's next slices through it. The gateway's
+room fan-out (``app/hub.py``) reads the same way, with its own readers (it dispatches every entry
+to clients; this only says *that* a stream moved, and the waiter reads what it wants).
+
 
 An utterance whose room is still playing an earlier line waits until the room's output stream
 moves (every turn handover comes with an ``end`` entry there). Before, each waiting utterance held
@@ -24,7 +30,7 @@ from voxroom import keys
 from voxroom.autopipe import AutoPipeline
 from voxroom.backoff import REDIS_DOWN, Backoff
 
-log = logging.getLogger("voxroom.worker.watcher")
+log = logging.getLogger("voxroom.watcher")
 
 BLOCK_MS = 5000
 """Longest blocked read; a new waiter's room interrupts it through the wake stream."""
@@ -45,7 +51,7 @@ class _Waiter:
         self.tail = after
 
 
-class TurnWatcher:
+class StreamWatcher:
     """``raw`` must not decode responses (output entries carry audio); ``commands`` is the
     pipeline that sends the wake ``XADD`` (never the blocked connection itself)."""
 
@@ -87,10 +93,10 @@ class TurnWatcher:
                                         ("EXPIRE", self.wake_key, WAKE_TTL_S)])
         except REDIS_DOWN as exc:
             # The read is down too, or about to be: it wakes everyone when it fails.
-            log.debug("turn watcher: wake failed: %s", exc)
+            log.debug("stream watcher: wake failed: %s", exc)
 
     async def run(self) -> None:
-        """The loop (the worker runs it under its supervisor)."""
+        """The loop (its process runs it under its supervisor)."""
         backoff = Backoff()
         while True:
             rooms = {room: min((w.after for w in waiters), key=_id) for room, waiters in self._waiters.items()}
@@ -104,7 +110,7 @@ class TurnWatcher:
             except REDIS_DOWN as exc:
                 self._reading = {}
                 self._wake_all()
-                log.warning("turn watcher: redis unavailable (%s); retrying in %.1f s", exc, backoff.delay)
+                log.warning("stream watcher: redis unavailable (%s); retrying in %.1f s", exc, backoff.delay)
                 await backoff.wait()
                 continue
             self._reading = {}
