@@ -71,7 +71,9 @@ class Supervisor:
         return task
 
     async def _keep(self, state: LoopState, factory: LoopFactory) -> None:
-        delay = self.first_backoff_s
+        # Failures in a row: the backoff doubles with each, from the supervisor's current first
+        # delay (read at each failure, so an owner may lengthen it while the loop runs).
+        failures = 0
         while True:
             state.started_at = time.monotonic()
             state.up = True
@@ -82,7 +84,9 @@ class Supervisor:
                 raise
             except Exception as exc:
                 if time.monotonic() - state.started_at >= HEALTHY_AFTER_S:
-                    delay = self.first_backoff_s
+                    failures = 0
+                delay = min(self.first_backoff_s * 2 ** failures, self.max_backoff_s)
+                failures += 1
                 state.up = False
                 state.restarts += 1
                 state.last_error = f"{type(exc).__name__}: {exc}"[:300]
@@ -91,7 +95,6 @@ class Supervisor:
                 log.error("%s loop %s failed (restart %d in %.1f s)", self.process, state.name, state.restarts,
                           delay, exc_info=exc)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, self.max_backoff_s)
                 continue
             state.finished = True
             log.info("%s loop %s finished", self.process, state.name)
