@@ -23,6 +23,7 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
 from app import speech_api, voices_api
+from app.cors import Cors
 from app.directory import WorkerDirectory
 from app.hub import RoomHub
 from app.identity import ClientClaims
@@ -150,5 +151,8 @@ def create_app(settings: Settings, *, catalog: Catalog | None = None) -> Starlet
         WebSocketRoute("/rooms/{room_id}/ws", room_endpoint),
         Mount("/client", app=StaticFiles(directory=CLIENT_DIR, check_dir=False), name="client"),
     ]
-    # TransportTap outermost: it must see uvicorn's own send (app/transport.py).
-    return Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(TransportTap)])
+    # TransportTap outermost: it must see uvicorn's own send (app/transport.py). Cors answers
+    # preflights before any route sees them; WebSockets keep admission's own Origin check.
+    return Starlette(routes=routes, lifespan=lifespan,
+                     middleware=[Middleware(TransportTap),
+                                 Middleware(Cors, allowed_origins=settings.allowed_origins)])
