@@ -5,13 +5,21 @@ PyAV's muxers (the ``opus`` extra) and are offered only where PyAV has the encod
 hands out bytes as soon as its container has them: PyAV writes through a 256-byte buffer and Ogg
 pages are cut every 40 ms, so the first bytes of a long line leave within one slice or two.
 
+``flac`` is the exception: FLAC's STREAMINFO block, at the start of the file, holds the total
+sample count and the MD5 of the audio, which libsndfile (``soundfile.read``) insists on; a stream
+cannot know them up front. So FLAC is muxed into memory and handed out whole when the line ends
+(still a chunked response, but one piece), with a STREAMINFO every reader accepts.
+
 ``speed`` other than 1 goes through FFmpeg's ``atempo`` filter (tempo changed, pitch kept).
+Whatever needs PyAV where PyAV is missing is refused by :func:`refusal` (a 400), never raised
+from :func:`make_encoder` mid-request.
 These encoders do blocking CPU work in small steps (well under a millisecond per 40 ms slice):
 callers run them on the event loop only for that reason.
 """
 
 from __future__ import annotations
 
+import importlib
 import io
 import struct
 from typing import Any, Final, Protocol
@@ -27,6 +35,8 @@ _CONTAINERS: Final = {"opus": ("ogg", "libopus"), "mp3": ("mp3", "libmp3lame"), 
                       "aac": ("adts", "aac")}
 MIN_SPEED: Final = 0.25
 MAX_SPEED: Final = 4.0
+SPEED_EPSILON: Final = 1e-3
+"""A ``speed`` this close to 1 is 1: no tempo filter."""
 
 
 class Encoder(Protocol):
@@ -35,12 +45,34 @@ class Encoder(Protocol):
     def finish(self) -> bytes: ...
 
 
+PYAV_MODULE = "av"
+"""The module :func:`_av` imports; tests point it at a missing name to see a gateway without PyAV."""
+
+
 def _av() -> Any:
+    """PyAV, or ``None`` where it is not installed: the one place that decides."""
     try:
-        import av
+        if PYAV_MODULE == "av":
+            import av  # spelled out: the image's dependency check (tests/ops) reads imports from the source
+
+            return av
+        return importlib.import_module(PYAV_MODULE)
     except ImportError:
         return None
-    return av
+
+
+def refusal(fmt: object, speed: float) -> tuple[str, str, str] | None:
+    """Why ``fmt`` at ``speed`` cannot be encoded here, as ``(message, code, param)``, or ``None``
+    when :func:`make_encoder` will build it. The caller answers 400 with it."""
+    formats = available_formats()
+    if fmt not in formats:
+        lacks = _av() is None and fmt in _CONTAINERS
+        why = " (this server lacks PyAV: pip install 'voxroom[opus]')" if lacks else ""
+        return f"'response_format' must be one of {', '.join(formats)}{why}", "unsupported_format", "response_format"
+    if abs(speed - 1.0) >= SPEED_EPSILON and _av() is None:
+        return ("'speed' other than 1.0 needs PyAV, which this server lacks (pip install 'voxroom[opus]')",
+                "unsupported_speed", "speed")
+    return None
 
 
 def available_formats() -> list[str]:
@@ -95,9 +127,12 @@ class _Container:
     def __init__(self, av: Any, fmt: str, *, rate: int = ROOM_RATE) -> None:
         container, codec = _CONTAINERS[fmt]
         self._av = av
+        # FLAC: a seekable buffer, so that the muxer goes back and writes STREAMINFO's totals.
+        self._whole: io.BytesIO | None = io.BytesIO() if fmt == "flac" else None
         self._sink = _Sink()
         options = {"page_duration": "40000"} if container == "ogg" else {}
-        self._out = av.open(self._sink, mode="w", format=container, buffer_size=256, options=options)
+        self._out = av.open(self._whole if self._whole is not None else self._sink, mode="w", format=container,
+                            buffer_size=256, options=options)
         # Opus takes 24 kHz; mp3 (MPEG-2 layer III), FLAC and AAC take it too.
         self._stream = self._out.add_stream(codec, rate=rate)
         self._stream.layout = "mono"
@@ -120,6 +155,8 @@ class _Container:
         for packet in self._stream.encode(None):
             self._out.mux(packet)
         self._out.close()
+        if self._whole is not None:
+            return self._whole.getvalue()
         return self._sink.take()
 
 
@@ -186,7 +223,7 @@ def make_encoder(fmt: str, speed: float = 1.0) -> Encoder:
         raise ValueError(f"response_format must be one of {', '.join(available_formats())}")
     av = _av()
     inner: Encoder = (_Raw(wav_header()) if fmt == "wav" else _Raw() if fmt == "pcm" else _Container(av, fmt))
-    if abs(speed - 1.0) < 1e-3:
+    if abs(speed - 1.0) < SPEED_EPSILON:
         return inner
     if av is None:
         raise ValueError("speed other than 1.0 needs PyAV: pip install 'voxroom[opus]'")

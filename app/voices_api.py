@@ -2,12 +2,15 @@
 
 Only voices that some live worker speaks are listed or found (before any worker was ever seen,
 every catalog voice counts, as for ``say``). Errors follow OpenAI's shape, so that one client
-library handles both this and ``/v1/audio/speech``: ``{"error": {"message", "type", "code"}}``.
+library handles both this and ``/v1/audio/speech``: ``{"error": {"message", "type", "param", "code"}}``.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -21,14 +24,42 @@ from voxroom.protocol import ProtocolError, check_encodable, parse_scene
 from voxroom.voice_search import SYNONYMS, index_for
 from voxroom.voices import Voice
 
+log = logging.getLogger("voxroom.gateway.api")
+
 MAX_K = 50
 MAX_BODY_BYTES = 8 * 1024
 
 
-def api_error(status: int, message: str, code: str, *, kind: str = "invalid_request_error",
+RETRY_AFTER_S = 1
+"""What a 429/503 says in ``Retry-After`` when its caller gave no better figure: the OpenAI SDK
+waits that long before its retry instead of its own short backoff."""
+
+
+def api_error(status: int, message: str, code: str, *, kind: str | None = None, param: str | None = None,
               headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "code": code}}, status_code=status,
-                        headers=headers)
+    """An error in OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, the one
+    shape of every ``/v1`` error. ``kind`` defaults by status (``server_error`` from 500); a 429 or
+    503 always carries ``Retry-After``."""
+    headers = dict(headers or {})
+    if status in (429, 503):
+        headers.setdefault("Retry-After", str(RETRY_AFTER_S))
+    if kind is None:
+        kind = "server_error" if status >= 500 else "rate_limit_error" if status == 429 else "invalid_request_error"
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
+                        status_code=status, headers=headers)
+
+
+def json_errors(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    """``handler`` whose unexpected exceptions answer a JSON 500 (logged once here) instead of
+    Starlette's plain-text one."""
+    @functools.wraps(handler)
+    async def wrapped(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except Exception:  # the one place a /v1 handler's failure ends
+            log.exception("%s %s failed", request.method, request.url.path)
+            return api_error(500, "internal error; the server logged it", "internal_error")
+    return wrapped
 
 
 def served(state: GatewayState, voice: Voice) -> bool:
@@ -96,12 +127,12 @@ async def search_voices(request: Request) -> Response:
     return JSONResponse({"scene": scene, "results": [m.public() for m in found]})
 
 
-async def read_json(request: Request) -> dict[str, Any] | Response:
+async def read_json(request: Request, max_bytes: int = MAX_BODY_BYTES) -> dict[str, Any] | Response:
     """The request's JSON object, or the 400/413 response to send instead. The body is read with a
     cap (app/body.py), and every string in it must be encodable (no lone surrogate), so that
     handlers, Redis and the JSON answer never meet one."""
     try:
-        raw = await read_capped(request, MAX_BODY_BYTES)
+        raw = await read_capped(request, max_bytes)
     except BodyRefused as exc:
         return api_error(exc.status, exc.message, exc.code, headers=CLOSE)
     try:
@@ -118,5 +149,5 @@ async def read_json(request: Request) -> dict[str, Any] | Response:
 
 
 def routes() -> list[Route]:
-    return [Route("/v1/voices", list_voices, methods=["GET"]),
-            Route("/v1/voices/search", search_voices, methods=["POST"])]
+    return [Route("/v1/voices", json_errors(list_voices), methods=["GET"]),
+            Route("/v1/voices/search", json_errors(search_voices), methods=["POST"])]

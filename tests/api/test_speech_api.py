@@ -83,7 +83,7 @@ async def test_openai_voice_names_and_scenes_pick_catalog_voices(stack: Stack) -
 @pytest.mark.parametrize(("body", "code"), [
     ({"input": "hi", "voice": "no-such-voice"}, "unknown_voice"),
     ({"input": "   "}, "empty_text"),
-    ({"input": "x" * 501}, "text_too_long"),
+    ({"input": "x" * 4097}, "text_too_long"),
     ({"input": "hi", "response_format": "ogg-vorbis"}, "unsupported_format"),
     ({"input": "hi", "speed": 5}, "bad_message"),
     ({"input": "hi", "stream_format": "sse"}, "unsupported_format"),

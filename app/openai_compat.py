@@ -1,0 +1,143 @@
+"""What OpenAI clients expect around ``POST /v1/audio/speech``: ``GET /v1/models``,
+``GET /v1/audio/voices``, OpenAI's voice names, Kokoro-style voice mixing, and OpenAI's JSON
+error shape for everything under ``/v1`` (unknown paths, wrong methods, unexpected failures).
+
+The official SDK parses every non-2xx body as ``{"error": {...}}`` and retries 5xx and 429 after
+``Retry-After``: a plain-text 404/405/500 gives its caller an opaque ``APIStatusError``, and a
+500 is retried three times for nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Final
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Match, Route
+
+from app.state import GatewayState
+from app.voices_api import api_error, json_errors, served
+from voxroom.errors import UnknownVoice
+from voxroom.voice_search import resolve_scene
+from voxroom.voices import Voice
+
+log = logging.getLogger("voxroom.gateway.openai")
+
+MODELS: Final = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
+"""Model names ``/v1/audio/speech`` accepts (and ignores: the voice decides the engine)."""
+
+OPENAI_VOICES: Final[dict[str, dict[str, str]]] = {
+    "alloy": {"gender": "neutral"},
+    "ash": {"gender": "male"},
+    "ballad": {"gender": "male", "style": "storyteller"},
+    "coral": {"gender": "female", "emotion": "happy"},
+    "echo": {"gender": "male"},
+    "fable": {"style": "storyteller"},
+    "nova": {"gender": "female", "age": "young"},
+    "onyx": {"gender": "male", "age": "elderly"},
+    "sage": {"gender": "female", "emotion": "calm"},
+    "shimmer": {"gender": "female"},
+    "verse": {"gender": "male", "style": "narrator"},
+    "marin": {"gender": "female"},
+    "cedar": {"gender": "male", "emotion": "calm"},
+}
+"""OpenAI's voice names, each answered by the nearest served English catalog voice for its scene."""
+
+_EVERY_METHOD: Final = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+"""The catch-all's methods: a function endpoint with none given would take GET alone."""
+_MIX_PART = re.compile(r"^\s*([A-Za-z0-9_.\-]+)\s*(?:\(\s*(\d+(?:\.\d+)?)\s*\))?\s*$")
+
+
+def is_mix(name: str) -> bool:
+    """``name`` uses Kokoro's mixing syntax: ``a+b`` or ``a(2)+b(1)``."""
+    return "+" in name or "(" in name
+
+
+def refuse_mix(state: GatewayState, name: str) -> Response:
+    """The 400 for a voice mix. Its parts are checked first (a typo is ``unknown_voice``); then
+    ``voice_mix_unsupported``: no engine of this deployment blends voices through this API."""
+    for part in name.split("+"):
+        found = _MIX_PART.match(part)
+        if found is None:
+            return api_error(400, f"voice mix {name[:64]!r} must read 'a+b' or 'a(2)+b(1)'", "bad_message",
+                             param="voice")
+        try:
+            openai_voice(state, found.group(1))
+        except UnknownVoice:
+            return api_error(400, f"unknown voice {found.group(1)!r} in mix {name[:64]!r}; see GET /v1/audio/voices",
+                             "unknown_voice", param="voice")
+    engines = ", ".join(sorted(state.catalog.engines()))
+    return api_error(400, f"voice mixing ({name[:64]!r}) needs an engine that blends voices; "
+                     f"this server's engines ({engines}) do not: name one voice", "voice_mix_unsupported",
+                     param="voice")
+
+
+def openai_voice(state: GatewayState, name: str) -> Voice:
+    """A catalog id (served), or one of OpenAI's names mapped. Raises :class:`UnknownVoice`."""
+    def is_served(v: Voice) -> bool:
+        return served(state, v)
+
+    if name in state.catalog:
+        found = state.catalog.get(name)
+        if is_served(found):
+            return found
+        raise UnknownVoice(name)
+    scene = OPENAI_VOICES.get(name.lower())
+    if scene is None:
+        raise UnknownVoice(name)
+    return resolve_scene(state.catalog, {"language": "eng", **scene}, is_served)
+
+
+async def list_models(request: Request) -> Response:
+    return JSONResponse({"object": "list", "data": [_model(m) for m in MODELS]})
+
+
+async def get_model(request: Request) -> Response:
+    name = request.path_params["model"]
+    if name not in MODELS:
+        return api_error(404, f"the model {name[:64]!r} does not exist; see GET /v1/models", "model_not_found",
+                         param="model")
+    return JSONResponse(_model(name))
+
+
+def _model(name: str) -> dict[str, object]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "voxroom"}
+
+
+async def list_audio_voices(request: Request) -> Response:
+    """Kokoro-FastAPI's shape (``{"voices": [...]}``: every name ``voice`` takes) plus ``mapped``:
+    which served catalog voice each OpenAI name stands for here."""
+    state: GatewayState = request.app.state.voxroom
+    mapped: dict[str, str] = {}
+    for name in OPENAI_VOICES:
+        try:
+            mapped[name] = openai_voice(state, name).id
+        except UnknownVoice:
+            continue  # no served English voice: the name is refused, so it is not listed
+    ids = [v.id for v in state.catalog if served(state, v)]
+    return JSONResponse({"voices": [*mapped, *ids], "mapped": mapped})
+
+
+async def _no_route(request: Request) -> Response:
+    """Anything under ``/v1`` that no route serves: 405 (with ``Allow``) when the path exists for
+    other methods, else 404, both in OpenAI's shape."""
+    allowed: set[str] = set()
+    for route in request.app.router.routes:
+        if isinstance(route, Route) and route.endpoint is not _no_route:
+            match, _ = route.matches(request.scope)
+            if match == Match.PARTIAL and route.methods:
+                allowed |= route.methods
+    if allowed:
+        return api_error(405, f"{request.method} is not allowed on {request.url.path}", "method_not_allowed",
+                         headers={"Allow": ", ".join(sorted(allowed))})
+    return api_error(404, f"no such endpoint: {request.method} {request.url.path}", "not_found")
+
+
+def routes() -> list[BaseRoute]:
+    """The routes, the ``/v1`` catch-all last: it must come after every other ``/v1`` route."""
+    return [Route("/v1/models", json_errors(list_models), methods=["GET"]),
+            Route("/v1/models/{model}", json_errors(get_model), methods=["GET"]),
+            Route("/v1/audio/voices", json_errors(list_audio_voices), methods=["GET"]),
+            Route("/v1/{rest:path}", _no_route, methods=_EVERY_METHOD)]

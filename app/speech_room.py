@@ -1,0 +1,183 @@
+"""The private room behind one ``POST /v1/audio/speech``, and the per-gateway stream slots.
+
+An input longer than a room's line limit is split (:func:`split_input`) into lines said in order
+in the same private room; the worker plays a room's lines in order, so reading its output stream
+from the start gives one continuous audio stream. Lines are handed to the room a few at a time
+(:data:`WINDOW`), so a 4096-character input never meets the room's own back-pressure
+(``max_pending_per_room``) and a caller who hangs up leaves little queued behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import numpy as np
+from prometheus_client import Gauge
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from app.ingress import Ingress
+from voxroom import keys, metrics
+from voxroom.protocol import MAX_TEXT_CHARS, AudioFrame
+from voxroom.stream_watcher import StreamWatcher
+from workers.engines.chattts.text_split import split_text
+
+log = logging.getLogger("voxroom.gateway.speech")
+
+IDLE_TIMEOUT_S: Final = 30.0
+"""No output from the room for this long: the utterance is given up (the worker died)."""
+ABANDONED_TTL_S: Final = 300
+SENDER: Final = "api"
+WINDOW: Final = 4
+"""Lines of one response waiting in its room at once (well under ``max_pending_per_room``)."""
+MAX_INPUT_CHARS: Final = 4096
+"""OpenAI's input limit; each line said is at most the room limit (``MAX_TEXT_CHARS``)."""
+
+STREAMS_OPEN = Gauge("voxroom_speech_streams", "POST /v1/audio/speech responses holding a stream slot now.",
+                     registry=metrics.REGISTRY)
+STREAMS_PEAK = Gauge("voxroom_speech_streams_peak",
+                     "Most POST /v1/audio/speech stream slots held at once since the gateway started.",
+                     registry=metrics.REGISTRY)
+
+
+class RoomBusy(Exception):
+    """The room refused a line (its backlog is full): the job stream is, for a fresh room."""
+
+
+@dataclass
+class StreamSlots:
+    """At most ``limit`` responses at once. :meth:`reserve` takes a slot with no await between the
+    check and the count, so a burst can never pass the limit."""
+
+    limit: int
+    active: int = 0
+    peak: int = 0
+
+    def reserve(self) -> bool:
+        if self.active >= self.limit:
+            return False
+        self.active += 1
+        self.peak = max(self.peak, self.active)
+        STREAMS_OPEN.set(self.active)
+        STREAMS_PEAK.set(self.peak)
+        return True
+
+    def release(self) -> None:
+        self.active -= 1
+        STREAMS_OPEN.set(self.active)
+
+
+def split_input(text: str) -> list[str]:
+    """``text`` as lines of at most :data:`MAX_TEXT_CHARS` characters, cut at sentence ends first
+    (the server's sentence splitter), then packed greedily so that a page of short sentences is
+    a few lines, not one per sentence."""
+    if len(text) <= MAX_TEXT_CHARS:
+        return [text]
+    lines: list[str] = []
+    for piece in split_text(text, MAX_TEXT_CHARS):
+        joined = f"{lines[-1]} {piece}" if lines else piece
+        if lines and len(joined) <= MAX_TEXT_CHARS:
+            lines[-1] = joined
+        else:
+            lines.append(piece)
+    return lines
+
+
+async def cleanup(redis: Redis, room: str, *, finished: bool) -> None:
+    """Delete the room's keys (``finished``) or give them :data:`ABANDONED_TTL_S` (the worker may
+    still write); either way drop it from ``vx:rooms``. Logs and swallows Redis failures."""
+    names = [keys.room_output(room), keys.room_utterances(room), keys.room_seq(room), keys.room_state(room),
+             keys.room_senders(room)]
+    pipe = redis.pipeline(transaction=False)
+    if finished:
+        pipe.delete(*names)
+    else:
+        for name in names:
+            pipe.expire(name, ABANDONED_TTL_S)
+    pipe.zrem(keys.ROOMS, room)
+    try:
+        await pipe.execute()
+    except (RedisError, OSError) as exc:
+        log.warning("could not clean up private room %s: %s", room, exc)
+
+
+@dataclass
+class SpeechRoom:
+    """The private room's lines and its output stream as read so far."""
+
+    redis: Redis
+    room: str
+    watcher: StreamWatcher
+    """The gateway's one blocked read: a response waits there, never on a connection of its own."""
+    ingress: Ingress
+    voice: str
+    lines: list[str]
+    cursor: str = "0-0"
+    submitted: int = 0
+    ended: int = 0
+    chunks: int = 0
+    finished: bool = False
+    """Every line's ``end`` entry was read and all audio handed out."""
+    status: str | None = None
+    """``ok`` once every line ended well; the first other status ends the response."""
+    error: str = ""
+    buffered: list[np.ndarray[Any, Any]] = field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        return keys.room_output(self.room)
+
+    async def top_up(self) -> None:
+        """Say lines until :data:`WINDOW` wait. Raises ``RedisError``/``OSError`` or :class:`RoomBusy`."""
+        said = False
+        while self.submitted < len(self.lines) and self.submitted - self.ended < WINDOW:
+            outcome = await self.ingress.say(self.room, SENDER, self.submitted + 1, self.lines[self.submitted],
+                                             self.voice)
+            if outcome.status == "busy":
+                raise RoomBusy(f"room {self.room} refused line {self.submitted + 1}")
+            self.submitted += 1
+            said = True
+        if said:  # ``say`` re-registers the room and its TTLs: keep it private and short-lived
+            await cleanup(self.redis, self.room, finished=False)
+
+    async def read(self) -> list[np.ndarray[Any, Any]]:
+        """The next slices (empty once the last line's ``end`` was seen). Raises ``TimeoutError``,
+        and what :meth:`top_up` raises."""
+        if self.buffered:
+            out, self.buffered = self.buffered, []
+            return out
+        deadline = time.monotonic() + IDLE_TIMEOUT_S
+        while self.status is None:
+            await self.top_up()
+            entries: Any = await self.redis.xrange(self.key, min="(" + self.cursor, count=256)
+            if not entries:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no audio from room {self.room} in {IDLE_TIMEOUT_S:.0f} s")
+                await self.watcher.wait(self.room, self.cursor, min(1.0, left))
+                continue
+            slices = []
+            for entry_id, fields in entries:
+                self.cursor = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+                kind = fields.get(b"kind")
+                if kind == b"chunk":
+                    frame = AudioFrame.decode(fields[b"frame"])
+                    slices.append(np.frombuffer(frame.payload, dtype="<i2").astype(np.int16))
+                    self.chunks += 1
+                elif kind == b"end":
+                    self.ended += 1
+                    status = fields.get(b"status", b"ok").decode()
+                    if status != "ok":
+                        self.status, self.error = status, fields.get(b"error", b"").decode()
+                        break
+                    if self.ended >= len(self.lines):
+                        self.status = "ok"
+                        break
+            if slices:
+                return slices
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no audio from room {self.room} in {IDLE_TIMEOUT_S:.0f} s")
+        return []
