@@ -17,15 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import pytest
 from redis.asyncio import Redis
 
 from tests.support.processes import start_worker
 from tests.workers.outputs import Out, add_jobs, problems, read_out
-from voxroom import redis_client
 from voxroom.redis_server import RedisServer
 
 FLOOD = "The werewolves wake up and choose, in silence, who will not see the morning."  # about 6 s
@@ -35,24 +32,6 @@ ENV = {"VOXROOM_CACHE_SLOTS": "0", "VOXROOM_OPUS_BITRATE": "0", "VOXROOM_SYNTHET
        "VOXROOM_SYNTHETIC_RTF": "0.2"}
 
 
-@pytest.fixture
-def own_redis() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
-
-
-@pytest.fixture
-async def r(own_redis: RedisServer) -> AsyncIterator[Redis]:
-    client = redis_client.from_url(own_redis.url, decode_responses=True)
-    yield client
-    await client.aclose()
-
-
-@pytest.fixture
-async def raw(own_redis: RedisServer) -> AsyncIterator[Redis]:
-    client = redis_client.from_url(own_redis.url)
-    yield client
-    await client.aclose()
 
 
 def stamp(entry_id: str) -> tuple[int, int]:

@@ -15,16 +15,14 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import hiredis
-import pytest
 from redis.asyncio import Redis
 
 from tests.support.processes import Proc, start_worker
 from tests.workers.outputs import add_jobs, problems, read_out, wait_ends
-from voxroom import keys, redis_client
+from voxroom import keys
 from voxroom.redis_server import RedisServer
 
 LINE = "A line of about forty characters, spoken."  # about 3 s of audio
@@ -33,24 +31,6 @@ FAST = {"VOXROOM_CACHE_SLOTS": "0", "VOXROOM_CLAIM_IDLE_MS": "1500", "VOXROOM_OP
         "VOXROOM_SYNTHETIC_TTFC_MS": "30"}
 
 
-@pytest.fixture
-def own_redis() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
-
-
-@pytest.fixture
-async def r(own_redis: RedisServer) -> AsyncIterator[Redis]:
-    client = redis_client.from_url(own_redis.url, decode_responses=True)
-    yield client
-    await client.aclose()
-
-
-@pytest.fixture
-async def raw(own_redis: RedisServer) -> AsyncIterator[Redis]:
-    client = redis_client.from_url(own_redis.url)
-    yield client
-    await client.aclose()
 
 
 def worker(url: str, logs: Path, name: str, **env: str) -> Proc:
