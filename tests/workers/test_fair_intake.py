@@ -13,14 +13,12 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
-import pytest
 from redis.asyncio import Redis
 
 from tests.workers.outputs import add_jobs
-from voxroom import keys, redis_client
-from voxroom.redis_server import RedisServer
+from voxroom import keys
 from voxroom.voices import Catalog
 from workers.engines.base import Engine, Pcm, SynthesisRequest
 from workers.engines.synthetic import SyntheticEngine
@@ -43,20 +41,6 @@ class RecordingEngine(SyntheticEngine):
     def stream(self, request: SynthesisRequest, cancel: threading.Event) -> Iterator[Pcm]:
         self.order.append(request.request_id)
         return super().stream(request, cancel)
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[RedisServer]:
-    with RedisServer() as srv:
-        yield srv
-
-
-@pytest.fixture
-async def r(server: RedisServer) -> AsyncIterator[Redis]:
-    client = redis_client.from_url(server.url, decode_responses=True)
-    await client.flushall()
-    yield client
-    await client.aclose()
 
 
 async def engine_order(r: Redis, *, fair: bool) -> list[str]:

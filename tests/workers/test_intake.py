@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-import pytest
 from redis.asyncio import Redis
 
 from tests.workers.outputs import add_jobs, problems, read_out, wait_ends
-from voxroom import keys, redis_client
-from voxroom.redis_server import RedisServer
+from voxroom import keys
 from voxroom.voices import Catalog
 from workers.engines.base import Engine
 from workers.engines.synthetic import SyntheticEngine
@@ -28,27 +25,6 @@ from workers.pool import ContextPool
 from workers.worker import Worker
 
 LINE = "A line of about forty characters, spoken."  # about 3 s of audio
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[RedisServer]:
-    with RedisServer() as srv:
-        yield srv
-
-
-@pytest.fixture
-async def r(server: RedisServer) -> AsyncIterator[Redis]:
-    client = redis_client.from_url(server.url, decode_responses=True)
-    await client.flushall()
-    yield client
-    await client.aclose()
-
-
-@pytest.fixture
-async def raw(server: RedisServer) -> AsyncIterator[Redis]:
-    client = redis_client.from_url(server.url)
-    yield client
-    await client.aclose()
 
 
 def make_pool(*, contexts: int = 1, queue: int = 1, inflight: int = 4, max_batch: int = 1,
