@@ -72,7 +72,11 @@ class Context:
         self.synth_seconds = 0.0
         self.audio_seconds = 0.0
         self._continuous: dict[str, tuple[queue.SimpleQueue[Utterance | None], threading.Thread]] = {}
-        """Continuous engines' inboxes and serving threads, by engine name."""
+        """Continuous engines' inboxes and serving threads, by engine name. A thread removes its
+        own entry (under ``_continuous_lock``) before it fails what is left in its inbox, and
+        ``_admit`` puts under the same lock: a line is either in a live thread's inbox or in the
+        drain of a dying one, never in the inbox of a thread that is gone."""
+        self._continuous_lock = threading.Lock()
         self._admitting: set[asyncio.Task[None]] = set()
         """Jobs for a continuous engine between the queue and the engine (at most ``inflight``)."""
         self.cache: AudioCache | None = None
@@ -172,15 +176,17 @@ class Context:
     def _admit(self, engine: ContinuousEngine, utt: Utterance) -> None:
         """Hand ``utt`` to the engine's serving thread (started on first use): it joins the
         running batch at the engine's next step. No await: the runner takes the next job at once."""
-        served = self._continuous.get(engine.name)
-        if served is None or not served[1].is_alive():
-            inbox: queue.SimpleQueue[Utterance | None] = queue.SimpleQueue()
-            thread = threading.Thread(target=self._serve_continuous, args=(engine, inbox, asyncio.get_running_loop()),
-                                      name=f"vx-{self.name}-{engine.name}", daemon=True)
-            served = (inbox, thread)
-            self._continuous[engine.name] = served
-            thread.start()
-        served[0].put(utt)
+        with self._continuous_lock:
+            served = self._continuous.get(engine.name)
+            if served is None:
+                inbox: queue.SimpleQueue[Utterance | None] = queue.SimpleQueue()
+                thread = threading.Thread(target=self._serve_continuous,
+                                          args=(engine, inbox, asyncio.get_running_loop()),
+                                          name=f"vx-{self.name}-{engine.name}", daemon=True)
+                served = (inbox, thread)
+                self._continuous[engine.name] = served
+                thread.start()
+            served[0].put(utt)
         # Let the engine's thread take the GIL now (sleep releases it): it starts this row's clock
         # at once instead of when the loop next blocks, after every other line of the burst. The
         # rows' first chunks then come as spread out as their lines arrived, and the loop
@@ -228,21 +234,28 @@ class Context:
                 self._finish_row(engine, utt, slicer, kept, loop)
         except Exception as exc:  # the engine failed: its rows fail, the next job starts it again
             log.exception("context %s: engine %s failed", self.name, engine.name)
+            reason = f"{type(exc).__name__}: {exc}"
             for utt, slicer, kept, _started in rows.values():
                 if utt.claim("engine"):  # a line the cache serves is not failed by the engine
-                    utt.error = f"{type(exc).__name__}: {exc}"
+                    utt.error = reason
                 self._finish_row(engine, utt, slicer, kept, loop)
-            # Lines handed over but never admitted (the engine failed before asking for them) end
-            # too: this thread is gone, and the next job starts a new one with a new inbox.
+        else:
+            reason = "context closed"
+        finally:
+            # Lines handed over but never admitted (the engine failed before asking for them, or
+            # the context closed) end too: this thread is gone, and the next job starts a new one
+            # with a new inbox. Unregistering first, under the lock ``_admit`` puts under, means
+            # no line can land in this inbox after the drain below.
+            with self._continuous_lock:
+                if self._continuous.get(engine.name, (None, None))[0] is inbox:
+                    del self._continuous[engine.name]
             while True:
                 try:
                     waiting = inbox.get_nowait()
                 except queue.Empty:
                     break
-                if waiting is None:
-                    continue
-                if waiting.claim("engine"):
-                    waiting.error = f"{type(exc).__name__}: {exc}"
+                if waiting is not None and waiting.claim("engine"):
+                    waiting.error = reason
                     waiting.slices.close()
 
     def _finish_row(self, engine: Engine, utt: Utterance, slicer: Slicer, kept: list[Slice] | None,
@@ -433,8 +446,9 @@ class Context:
             tee += pieces
 
     def close(self) -> None:
-        for inbox, _thread in self._continuous.values():
-            inbox.put(None)
+        with self._continuous_lock:
+            for inbox, _thread in self._continuous.values():
+                inbox.put(None)
         for engine in self.engines.values():
             try:
                 engine.close()
