@@ -119,8 +119,9 @@ class Settings:
     downloads) or ``custom`` (``chattts_dir`` with its own ``sha256_map.json``)."""
     chattts_int8: bool = False
     """Dynamic int8 quantisation of the GPT's linear layers (CPU contexts)."""
-    chattts_bf16: bool = False
-    """bf16 GPT on CPU contexts: about twice fp32's speed here (docs/benchmarks.md)."""
+    chattts_bf16: bool = True
+    """bf16 GPT on CPU contexts, the default: about twice fp32's speed here (docs/benchmarks.md).
+    ``VOXROOM_CHATTTS_BF16=0`` runs fp32; ignored when ``chattts_int8`` is set."""
     chattts_empty_cache_every: int = 50
     chattts_max_batch: int = 8
     chattts_interpolation_steps: int = 5

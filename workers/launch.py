@@ -77,7 +77,8 @@ def engine_options(name: str, settings: Settings, catalog: Catalog | None = None
             found = _chattts_weights(settings)
             source, path = ("local", found) if found else (settings.chattts_source, settings.chattts_dir)
         return {"source": source, "custom_path": path, "int8": settings.chattts_int8,
-                "bf16": settings.chattts_bf16, "empty_cache_every": settings.chattts_empty_cache_every,
+                "bf16": settings.chattts_bf16 and not settings.chattts_int8,
+                "empty_cache_every": settings.chattts_empty_cache_every,
                 "max_batch": settings.chattts_max_batch, "continuous": settings.chattts_continuous,
                 "interpolation_steps": settings.chattts_interpolation_steps, "fade_ms": settings.chattts_fade_ms,
                 "seed": settings.chattts_seed, "max_new_tokens": settings.chattts_max_new_tokens,
