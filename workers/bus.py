@@ -12,9 +12,10 @@ the refresh of its idle time) is a script that first checks that the pending lis
 consumer, and does nothing otherwise: the stale worker's writes are refused by Redis, atomically
 with the check. The caller then drops the job silently (:class:`OwnershipLost`).
 
-**Room keys expire.** Every publish and finish refreshes ``EXPIRE room_idle_ttl_s`` on the room's
-output stream and state hash, and the output stream is trimmed by time (``XADD ... MINID ~`` the
-resume window) instead of by a count: a room nobody speaks in for an hour leaves nothing behind.
+**Room keys expire.** An utterance's first publish, then one a second, and its finish refresh
+``EXPIRE room_idle_ttl_s`` on the room's output stream and state hash, and trim the output stream
+by time (``XADD ... MINID ~`` the resume window) instead of by a count: a room nobody speaks in for
+an hour leaves nothing behind.
 Private API rooms (``_api-*``) get a TTL only when they have none: their gateway deletes them, or
 sets a short TTL when the caller left, and a worker must not lengthen it.
 """
@@ -22,6 +23,7 @@ sets a short TTL when the caller left, and a worker must not lengthen it.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, NamedTuple
 
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -34,6 +36,8 @@ from voxroom.stream_watcher import StreamWatcher
 from workers.job import Job
 
 log = logging.getLogger("voxroom.worker.bus")
+
+_MAINTAINED_MAX = 4096
 
 
 class OwnershipLost(Exception):
@@ -77,22 +81,33 @@ end
 
 _PUBLISH = _PRELUDE + """
 -- KEYS: jobs, output, state. ARGV: group, entry id, consumer, window_ms, ttl, only_unset,
--- started ('' for none), then per entry: its number of field pairs, the pairs.
+-- started ('' for none), maintain ('1': trim and refresh the TTLs), then per entry: its number
+-- of field pairs, the pairs.
 if not owned(KEYS[1], ARGV[1], ARGV[2], ARGV[3]) then return 0 end
-local trim = minid(ARGV[4])
-local i = 8
+local maintain = ARGV[8] == '1'
+local head = {'XADD', KEYS[2], '*'}
+if maintain then head = {'XADD', KEYS[2], 'MINID', '~', minid(ARGV[4]), '*'} end
+local i = 9
 while i <= #ARGV do
   local n = tonumber(ARGV[i]) * 2
-  local cmd = {'XADD', KEYS[2], 'MINID', '~', trim, '*'}
+  local cmd = {unpack(head)}
   for j = i + 1, i + n do cmd[#cmd + 1] = ARGV[j] end
   redis.call(unpack(cmd))
   i = i + n + 1
 end
 if ARGV[7] ~= '' then redis.call('HSET', KEYS[3], 'started', ARGV[7]) end
-refresh(KEYS[2], ARGV[5], ARGV[6])
-refresh(KEYS[3], ARGV[5], ARGV[6])
+if maintain then
+  refresh(KEYS[2], ARGV[5], ARGV[6])
+  refresh(KEYS[3], ARGV[5], ARGV[6])
+end
 return 1
 """
+
+MAINTAIN_EVERY_S = 1.0
+"""How often one utterance's publishes trim the room's output stream and refresh its keys' TTLs.
+Both only need doing about once a second (the window is minutes, the TTL an hour, ``MINID ~``
+trims whole stream nodes anyway); doing them on every 40 ms publish was about 2 ms of Redis CPU
+per line at 100 rooms (docs/benchmarks.md)."""
 
 _FINISH = _PRELUDE + """
 -- KEYS: jobs, output, state. ARGV: group, entry id, consumer, window_ms, ttl, only_unset, next,
@@ -160,6 +175,9 @@ class WorkerBus:
         """The job reader's own connection (its reads block; a read asks for at most 2 s)."""
         self.watcher: StreamWatcher | None = None
         """Set by the worker: every turn wait shares its one blocked read."""
+        self._maintained: dict[str, float] = {}
+        """Job entry id -> when its publishes last trimmed and refreshed the room's keys. An
+        entry leaves on the job's finish or lost ownership; the bound below covers any other end."""
 
     async def ensure_group(self) -> None:
         try:
@@ -265,7 +283,7 @@ class WorkerBus:
         out. One script: nothing is written unless ``job`` is still ours (:class:`OwnershipLost`)."""
         args: list[Any] = ["EVAL", _PUBLISH, 3, keys.JOBS, keys.room_output(job.room), keys.room_state(job.room),
                            keys.JOBS_GROUP, job.entry_id, self.consumer, *self._room_args(job),
-                           "" if started is None else started]
+                           "" if started is None else started, "1" if self._due(job) else "0"]
         for fields in entries:
             args.append(len(fields))
             for name, value in fields.items():
@@ -273,12 +291,25 @@ class WorkerBus:
         # EVAL, not EVALSHA: Redis caches the compiled script by its digest either way, and a
         # Redis that restarted empty needs no NOSCRIPT round trip.
         if not await self.auto.call(*args):
+            self._maintained.pop(job.entry_id, None)
             raise OwnershipLost(job.entry_id)
+
+    def _due(self, job: Job) -> bool:
+        """Whether this publish of ``job`` should trim and refresh (its first, then once a second)."""
+        now = time.monotonic()
+        last = self._maintained.get(job.entry_id)
+        if last is not None and now - last < MAINTAIN_EVERY_S:
+            return False
+        if last is None and len(self._maintained) >= _MAINTAINED_MAX:
+            self._maintained.clear()  # jobs that ended some other way: forgetting costs one refresh each
+        self._maintained[job.entry_id] = now
+        return True
 
     async def finish(self, job: Job, end_fields: dict[str, Any], end_ms: float) -> None:
         """Publish the ``end`` entry, pass the room's turn on and ack the job, atomically and
         only while ``job`` is ours (:class:`OwnershipLost` otherwise). ``next`` and ``end_ms``
         only move forward: a late utterance that was skipped past must not rewind the room."""
+        self._maintained.pop(job.entry_id, None)  # the end always trims and refreshes
         flat: list[Any] = []
         for name, value in end_fields.items():
             flat += [name, value]
