@@ -20,7 +20,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from voxroom import keys
+from voxroom import keys, voice_mix
 from voxroom.autopipe import AutoPipeline
 from voxroom.backoff import REDIS_DOWN
 
@@ -62,7 +62,10 @@ class WorkerDirectory:
     def serves(self, voice_id: str) -> bool:
         """Before any worker has ever been seen, every catalog voice is allowed (workers may still
         be loading); afterwards only voices some live worker speaks."""
-        return not self.seen_any or voice_id in self.voices
+        if not self.seen_any or voice_id in self.voices:
+            return True
+        parts = voice_mix.part_ids(voice_id)  # a mix: where every one of its voices is served
+        return len(parts) > 1 and all(part in self.voices for part in parts)
 
     async def run(self) -> None:
         while True:

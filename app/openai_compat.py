@@ -10,7 +10,6 @@ The official SDK parses every non-2xx body as ``{"error": {...}}`` and retries 5
 from __future__ import annotations
 
 import logging
-import re
 from typing import Final
 
 from starlette.requests import Request
@@ -19,6 +18,7 @@ from starlette.routing import BaseRoute, Match, Route
 
 from app.state import GatewayState
 from app.voices_api import api_error, json_errors, served
+from voxroom import voice_mix
 from voxroom.errors import UnknownVoice
 from voxroom.voice_search import resolve_scene
 from voxroom.voices import Voice
@@ -47,31 +47,21 @@ OPENAI_VOICES: Final[dict[str, dict[str, str]]] = {
 
 _EVERY_METHOD: Final = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 """The catch-all's methods: a function endpoint with none given would take GET alone."""
-_MIX_PART = re.compile(r"^\s*([A-Za-z0-9_.\-]+)\s*(?:\(\s*(\d+(?:\.\d+)?)\s*\))?\s*$")
-
-
-def is_mix(name: str) -> bool:
-    """``name`` uses Kokoro's mixing syntax: ``a+b`` or ``a(2)+b(1)``."""
-    return "+" in name or "(" in name
-
-
-def refuse_mix(state: GatewayState, name: str) -> Response:
-    """The 400 for a voice mix. Its parts are checked first (a typo is ``unknown_voice``); then
-    ``voice_mix_unsupported``: no engine of this deployment blends voices through this API."""
-    for part in name.split("+"):
-        found = _MIX_PART.match(part)
-        if found is None:
-            return api_error(400, f"voice mix {name[:64]!r} must read 'a+b' or 'a(2)+b(1)'", "bad_message",
-                             param="voice")
+def mixed_voice(state: GatewayState, name: str) -> Voice:
+    """A Kokoro-style mix (``a+b``, ``a(2)+b(1)``) as the catalog's mix voice (voxroom/voice_mix.py):
+    each part a catalog id or one of OpenAI's names, mapped as :func:`openai_voice` maps them.
+    Raises :class:`~voxroom.voice_mix.BadMix` (malformed, a part unknown, or no blending engine)."""
+    parts = []
+    for part, weight in voice_mix.parse_kokoro(name):
         try:
-            openai_voice(state, found.group(1))
+            parts.append((openai_voice(state, part).id, weight))
         except UnknownVoice:
-            return api_error(400, f"unknown voice {found.group(1)!r} in mix {name[:64]!r}; see GET /v1/audio/voices",
-                             "unknown_voice", param="voice")
-    engines = ", ".join(sorted(state.catalog.engines()))
-    return api_error(400, f"voice mixing ({name[:64]!r}) needs an engine that blends voices; "
-                     f"this server's engines ({engines}) do not: name one voice", "voice_mix_unsupported",
-                     param="voice")
+            raise voice_mix.BadMix(name, f"unknown voice {part!r}; see GET /v1/audio/voices",
+                                   "unknown_voice") from None
+    voice = state.catalog.get(voice_mix.canonical(parts))
+    if not served(state, voice):
+        raise voice_mix.BadMix(name, "no worker serves its voices now")
+    return voice
 
 
 def openai_voice(state: GatewayState, name: str) -> Voice:

@@ -35,12 +35,12 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
 from app import openai_compat
-from app.openai_compat import is_mix, openai_voice, refuse_mix
+from app.openai_compat import mixed_voice, openai_voice
 from app.speech_formats import CONTENT_TYPES, MAX_SPEED, MIN_SPEED, Encoder, available_formats, make_encoder, refusal
 from app.speech_room import MAX_INPUT_CHARS, RoomBusy, SpeechRoom, StreamSlots, cleanup, split_input
 from app.state import GatewayState
 from app.voices_api import api_error, json_errors, read_json, served
-from voxroom import keys, tokens
+from voxroom import keys, tokens, voice_mix
 from voxroom.errors import UnknownVoice
 from voxroom.protocol import ErrorCode, ProtocolError, check_say_text, parse_scene
 from voxroom.settings import Settings
@@ -67,9 +67,11 @@ def _voice(state: GatewayState, body: dict[str, Any]) -> Voice | Response:
             return state.catalog.get(None)
         if not isinstance(voice, str):
             raise UnknownVoice(str(voice)[:64])
-        if is_mix(voice):
-            return refuse_mix(state, voice)
+        if voice_mix.is_mix(voice):
+            return mixed_voice(state, voice)
         return openai_voice(state, voice)
+    except voice_mix.BadMix as exc:
+        return api_error(400, str(exc), exc.code, param="voice")
     except UnknownVoice as exc:
         return api_error(400, f"{exc}; see GET /v1/audio/voices", "unknown_voice", param="voice")
     except ProtocolError as exc:

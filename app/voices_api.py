@@ -19,6 +19,7 @@ from starlette.routing import Route
 
 from app.body import CLOSE, BodyRefused, read_capped
 from app.state import GatewayState
+from voxroom import voice_mix
 from voxroom.languages import UnknownLanguage, normalize_language
 from voxroom.protocol import ProtocolError, check_encodable, parse_scene
 from voxroom.voice_search import SYNONYMS, index_for
@@ -69,9 +70,13 @@ def served(state: GatewayState, voice: Voice) -> bool:
     directory = state.directory
     if not directory.seen_any:
         return True
+    wanted = voice_mix.part_ids(voice.id)  # a mix is served where all of its voices are
     for beat in directory.workers.values():
         listed = beat.get("voices")
-        if voice.id in listed.split(",") if listed is not None else voice.engine in beat.get("engines", "").split(","):
+        if listed is None:
+            if voice.engine in beat.get("engines", "").split(","):
+                return True
+        elif wanted and set(wanted) <= set(listed.split(",")):
             return True
     return False
 

@@ -51,12 +51,32 @@ class Catalog:
         return len(self._voices)
 
     def __contains__(self, voice_id: object) -> bool:
-        return voice_id in self._voices
+        if voice_id in self._voices:
+            return True
+        if not isinstance(voice_id, str) or "+" not in voice_id:
+            return False
+        try:
+            self.get(voice_id)
+        except UnknownVoice:
+            return False
+        return True
 
     def get(self, voice_id: str | None) -> Voice:
-        """The voice, or the default for ``None``. Raises :class:`UnknownVoice`."""
+        """The voice, or the default for ``None``; a mix of catalog voices for an id such as
+        ``a:2+b`` (voxroom/voice_mix.py). Raises :class:`UnknownVoice` (``BadMix`` for a mix)."""
         if voice_id is None:
             return self._voices[self.default]
+        try:
+            return self._voices[voice_id]
+        except KeyError:
+            if "+" in voice_id:
+                from voxroom import voice_mix  # it imports Voice from here
+
+                return voice_mix.resolve(voice_id, self._own)
+            raise UnknownVoice(voice_id) from None
+
+    def _own(self, voice_id: str) -> Voice:
+        """A voice of the catalog itself (a mix's part is never a mix)."""
         try:
             return self._voices[voice_id]
         except KeyError:

@@ -33,7 +33,11 @@ def chattts_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[in
     with RedisServer() as redis:
         worker = start_worker(redis.url, logs, engine="chattts", contexts=1,
                               VOXROOM_CHATTTS_SOURCE="custom", VOXROOM_CHATTTS_DIR=str(model),
-                              VOXROOM_CHATTTS_MAX_NEW_TOKENS=str(STEPS), VOXROOM_CACHE_SLOTS="0")
+                              VOXROOM_CHATTTS_MAX_NEW_TOKENS=str(STEPS), VOXROOM_CACHE_SLOTS="0",
+                              # fp32: the random tiny model runs to its step budget in fp32; bf16
+                              # rounding (the CPU default, tests/chattts/test_cpu_defaults.py)
+                              # lets it stop early, and these tests measure length by that budget.
+                              VOXROOM_CHATTTS_BF16="0")
         gateway, port = start_gateway(redis.url, logs)
         try:
             yield port, worker
@@ -83,3 +87,28 @@ def test_the_chattts_voices_are_offered_only_by_a_chattts_worker(chattts_stack: 
     assert {"cmn-chattts-2222", "eng-chattts-1111", "chattts-narrator", "en-joe"} <= ids
 
 
+
+async def test_a_voice_mix_is_spoken_in_a_room_and_by_the_openai_api(chattts_stack: tuple[int, Proc]) -> None:
+    """Kokoro-style mixing (issue 15): ChatTTS blends the parts' speaker embeddings. A room names
+    the mix by its canonical id; the OpenAI-compatible API takes Kokoro's spelling and answers with
+    the canonical id; a mix of voices that do not blend stays a clear 400."""
+    import httpx
+
+    port, _ = chattts_stack
+    mix = "eng-chattts-1111:2+cmn-chattts-2222"
+    async with RoomClient(port, "chattts-mix") as client:
+        await client.say("A blended narrator.", voice=mix)
+        ends = await client.wait_ends(1, timeout=90)
+    assert ends[0]["status"] == "ok", ends
+    assert [s["voice"] for s in client.got.of("start")] == [mix]
+    audio = client.got.audio(1).astype(np.float32) / 32768.0
+    assert STEPS / 46.875 - 0.1 <= audio.size / ROOM_RATE and rms(audio) > 1e-3
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120) as http:
+        resp = await http.post("/v1/audio/speech", json={"input": "A blended narrator.", "response_format": "pcm",
+                                                         "voice": "eng-chattts-1111(2)+cmn-chattts-2222(1)"})
+        assert resp.status_code == 200, resp.text[:200]
+        assert resp.headers["x-voxroom-voice"] == mix
+        pcm = np.frombuffer(resp.content, dtype="<i2").astype(np.float32) / 32768.0
+        assert pcm.size / ROOM_RATE >= STEPS / 46.875 - 0.1 and rms(pcm) > 1e-3
+        refused = await http.post("/v1/audio/speech", json={"input": "Hi.", "voice": "eng-chattts-1111+en-joe"})
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "voice_mix_unsupported"
