@@ -116,3 +116,63 @@ export async function launchBrowser() {
     },
   };
 }
+
+/**
+ * The shipped nginx with TLS on (tests/ops/tls_edge.py: a throwaway CA and server certificate, the
+ * templates as docker-compose.tls.yml lays them out) in front of `gateways` (two `127.0.0.1` ports;
+ * the same one twice for a single `voxroom serve`). nginx needs no gateway up to start.
+ * @param {number[]} gateways
+ * @returns {Promise<{https: string, spki: string, accessLog: string, stop: () => Promise<void>}>}
+ */
+export async function startTlsEdge(gateways) {
+  const python = process.env.VOXROOM_PYTHON ?? join(ROOT, '.venv/bin/python');
+  const dir = mkdtempSync(join(tmpdir(), 'voxroom-tls-'));
+  const args = ['-m', 'tests.ops.tls_edge', '--dir', dir, ...gateways.flatMap((p) => ['--gateway', `127.0.0.1:${p}`])];
+  // stdin stays open: closing it stops nginx (and so does our exit, which closes it).
+  const child = spawn(python, args, { cwd: ROOT, stdio: ['pipe', 'pipe', 'pipe'] });
+  let output = '';
+  child.stderr.on('data', (/** @type {Buffer} */ b) => { output = (output + b.toString()).slice(-20_000); });
+  const exited = new Promise((resolve) => child.once('exit', () => resolve(undefined)));
+  /** @type {{https: string, spki: string, access_log: string}} */
+  const ready = await new Promise((resolve, reject) => {
+    let line = '';
+    child.stdout.on('data', (/** @type {Buffer} */ b) => {
+      line += b.toString();
+      if (line.includes('\n')) resolve(JSON.parse(line.split('\n')[0]));
+    });
+    child.once('exit', (code) => reject(new Error(`tls_edge exited with ${code}:\n${output}`)));
+  });
+  const stop = async () => {
+    child.stdin.end();
+    const timer = setTimeout(() => child.kill('SIGKILL'), 15_000);
+    await exited;
+    clearTimeout(timer);
+    rmSync(dir, { recursive: true, force: true });
+  };
+  return { https: ready.https, spki: ready.spki, accessLog: ready.access_log, stop };
+}
+
+/**
+ * launchBrowser's Chromium, trusting the server certificate whose public key hash is `spki`
+ * (base64 SHA-256, as `openssl pkey -pubin -outform der | openssl dgst -sha256 -binary | base64`
+ * prints it). The flag needs a user data dir, which a persistent context has; no NSS database.
+ * @param {string} spki
+ */
+export async function launchBrowserTrusting(spki) {
+  const { chromium } = await import('playwright-core');
+  const profile = mkdtempSync(join(tmpdir(), 'voxroom-chromium-'));
+  const context = await chromium.launchPersistentContext(profile, {
+    executablePath: CHROMIUM,
+    headless: true,
+    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+      '--disable-background-networking', '--disable-component-update', '--disable-sync',
+      '--autoplay-policy=no-user-gesture-required', `--ignore-certificate-errors-spki-list=${spki}`],
+  });
+  return {
+    context,
+    close: async () => {
+      await context.close();
+      rmSync(profile, { recursive: true, force: true });
+    },
+  };
+}
