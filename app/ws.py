@@ -167,6 +167,15 @@ async def _receive_loop(websocket: WebSocket, conn: ClientConnection, state: Gat
                 return
             conn.send_text(protocol.encode_server_message(
                 protocol.error_message(exc.code, exc.message, seq=exc.seq, retry_after_ms=exc.retry_after_ms)))
+        except Exception:
+            # One place where a frame's unexpected failure ends: logged, counted, answered with
+            # ``internal``, and the connection (and the room) carry on. A bug in handling one frame
+            # must not cost this client its socket and every listener a reconnect. (Cancellation
+            # is a BaseException: shutdown still passes through.)
+            log.exception("client %s in room %s: handling a frame failed", conn.client_id, conn.room)
+            metrics.ERRORS.labels(ErrorCode.INTERNAL).inc()
+            conn.send_text(protocol.encode_server_message(
+                protocol.error_message(ErrorCode.INTERNAL, "internal error; this frame was not acted on")))
 
 
 async def _drain(conn: ClientConnection, writer: asyncio.Task[None], timeout_s: float = 1.0) -> None:
