@@ -1,34 +1,32 @@
 """A room output stream's entries as Redis returns them (RESP2, read raw), turned into what
-clients get: the binary frame as it is, ``start`` / ``end`` as JSON."""
+clients get: the binary frame as it is, control entries (``start``, ``marks``, ``end``) as the JSON
+of the messages voxroom/output_entries.py reads them back into."""
 
 from __future__ import annotations
 
-import json
+import logging
 from typing import Any
 
-from voxroom.protocol import CODEC_OPUS, ROOM_RATE
+from voxroom.output_entries import ControlMessage, control_from_entry
+from voxroom.protocol import CODEC_OPUS, encode_server_message
+
+log = logging.getLogger("voxroom.gateway.entries")
+
+
+def control(fields: dict[bytes, bytes]) -> ControlMessage | None:
+    """The client message of a control entry; ``None`` for an audio entry, a kind this gateway does
+    not know, or a malformed entry (logged and skipped: one bad entry must not stop a room's reader)."""
+    try:
+        return control_from_entry(fields)
+    except ValueError as exc:
+        log.warning("skipping an output entry: %s", exc)
+        return None
 
 
 def control_message(fields: dict[bytes, bytes]) -> str | None:
-    """The client's JSON for a ``start`` or ``end`` entry of a room's output stream."""
-    kind = fields.get(b"kind")
-    if kind == b"start":
-        msg: dict[str, Any] = {
-            "type": "start", "utterance": int(fields[b"seq"]), "sender": fields.get(b"sender", b"").decode(),
-            "voice": fields.get(b"voice", b"").decode(), "text": fields.get(b"text", b"").decode(),
-            "pts_ms": float(fields.get(b"pts_ms", b"0")), "sample_rate": int(fields.get(b"rate", ROOM_RATE)),
-        }
-        if fields.get(b"restart"):
-            msg["restart"] = True
-    elif kind == b"end":
-        msg = {"type": "end", "utterance": int(fields[b"seq"]), "chunks": int(fields.get(b"chunks", b"0")),
-               "duration_ms": float(fields.get(b"duration_ms", b"0")),
-               "status": fields.get(b"status", b"ok").decode()}
-        if b"error" in fields:
-            msg["error"] = fields[b"error"].decode()
-    else:
-        return None
-    return json.dumps(msg, ensure_ascii=False, separators=(",", ":"))
+    """The client's JSON for a control entry of a room's output stream (see :func:`control`)."""
+    msg = control(fields)
+    return None if msg is None else encode_server_message(msg)
 
 
 def fields(flat: list[Any] | None) -> dict[Any, Any]:

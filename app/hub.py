@@ -31,12 +31,12 @@ from redis.asyncio import Redis
 
 from app import catchup
 from app.connection import ClientConnection
-from app.entries import control_message, entry_id_str, fields
+from app.entries import control, entry_id_str, fields
 from app.resume import ResumePoint, stop_here
 from voxroom import keys, metrics
 from voxroom.autopipe import AutoPipeline
 from voxroom.backoff import REDIS_DOWN, Backoff
-from voxroom.protocol import CODEC_OPUS
+from voxroom.protocol import CODEC_OPUS, encode_server_message
 from voxroom.supervisor import Supervisor
 
 log = logging.getLogger("voxroom.gateway.hub")
@@ -318,12 +318,14 @@ class RoomHub:
                 for client in members:
                     client.send_audio(opus if opus is not None and client.codec == CODEC_OPUS else frame)
                 continue
-            text = control_message(entry)
-            if entry.get(b"kind") == b"start":  # travels with the utterance's first slice
-                metrics.FIRST_AUDIO.started(room, int(entry[b"seq"]))
-            if text is not None:
-                for client in members:
-                    client.send_text(text)
+            msg = control(entry)
+            if msg is None:
+                continue
+            if msg["type"] == "start":  # travels with the utterance's first slice
+                metrics.FIRST_AUDIO.started(room, msg["utterance"])
+            text = encode_server_message(msg)
+            for client in members:
+                client.send_text(text)
 
     async def close(self) -> None:
         for task in list(self._catchups.values()):

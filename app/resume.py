@@ -6,9 +6,11 @@ A client that reconnects says what it already received, in the WebSocket URL::
     /rooms/R/ws?resume=12.start   utterance 12's start and no slice of it
     /rooms/R/ws?resume=12.end     all of utterance 12, its end included
 
-A room's output stream is delivered to every client in stream order (``start``, slices, ``end``,
-next utterance), so what a client holds is a prefix of the stream, and its *position* is the last
-entry of that prefix: the latest entry that is this slice (this ``start``, this ``end``). The gateway
+A room's output stream is delivered to every client in stream order (``start``, slices and the
+``marks`` before them, ``end``, next utterance), so what a client holds is a prefix of the stream,
+and its *position* is the last entry of that prefix: the latest entry that is this slice (this
+``start``, this ``end``). A ``marks`` entry is never a position: the marks right after the last
+slice a client holds are replayed to it, those before it it already has. The gateway
 finds it by scanning back from the tail (:func:`stop_here` says where the scan ends) and sends the
 client everything after it, then live audio (``app/catchup.py``).
 

@@ -36,11 +36,24 @@
  */
 
 /**
+ * One word (or Chinese character) of an utterance, from the server's `marks`, as the buffer
+ * schedules it.
+ * @typedef {object} ScheduledWord
+ * @property {string} text
+ * @property {number} offset   where it starts in the utterance's text, in code points
+ * @property {number} length   in code points
+ * @property {number} startUs  when it is spoken, on the slices' axis (like Slice.ptsUs)
+ * @property {number} endUs
+ */
+
+/**
  * @typedef {object} JitterEvent
- * @property {'begin' | 'finish'} type  an utterance's first played slice / its last slice ended
+ * @property {'begin' | 'finish' | 'word'} type  an utterance's first played slice / its last slice
+ *   ended / the playhead reached one of its words (see addMarks)
  * @property {number} seq
- * @property {number} chunk
+ * @property {number} chunk  the slice playing
  * @property {number} atUs  time on the buffer's axis
+ * @property {ScheduledWord} [word]  for 'word'
  */
 
 /** @typedef {Slice & {start: number, end: number, started: boolean}} Entry */
@@ -48,9 +61,18 @@
 /** @param {{seq: number, chunk: number}} a @param {{seq: number, chunk: number}} b */
 const compareKey = (a, b) => (a.seq - b.seq) || (a.chunk - b.chunk);
 
+/** Utterances whose words are kept ahead of the playhead; past it the lowest seq's are dropped. */
+const MAX_MARKED = 64;
+/** Words kept per utterance (a line is at most 500 code points); more are refused. */
+const MAX_WORDS = 1024;
+
 export class JitterBuffer {
   /** @type {Map<number, number>} chunk counts from `end` messages, by utterance (bounded) */
   endChunks = new Map();
+  /** @type {Map<number, ScheduledWord[]>} words the playhead has not reached, by utterance, by start (bounded) */
+  words = new Map();
+  /** @type {Map<number, number>} the highest offset fired per utterance: a replay never fires twice (bounded) */
+  wordsFired = new Map();
 
   /**
    * @param {object} [options]
@@ -114,6 +136,10 @@ export class JitterBuffer {
       // what is left of the old take would interleave with the new one, so drop it.
       this.counters.restarts++;
       this.queue = this.queue.filter((e) => e.seq !== entry.seq);
+      // The old take's words will not be heard; the new take's (sent after its `start`) start at
+      // or after its first sample (1 ms for rounding), and its words are heard again from the first.
+      this.#keepWords(entry.seq, (w) => w.startUs >= slice.ptsUs - 1000);
+      this.wordsFired.delete(entry.seq);
       if (this.utterance?.seq === entry.seq) this.utterance = null;
       return this.push(slice);
     }
@@ -139,6 +165,43 @@ export class JitterBuffer {
   }
 
   /**
+   * The words of utterance `seq` (any part of its `marks`; a replayed part is ignored). Each fires
+   * one 'word' event when the playhead reaches its start while that utterance's audio plays: never
+   * on arrival, never for audio that was not played (dropped late, lost, or a restarted take's).
+   * A word whose start has passed when it arrives fires at once if its audio is still playing
+   * (the caption catches up), and is skipped if its end has passed too. Words are released once
+   * they fire, when their utterance finishes, or when the playhead passes their end.
+   * @param {number} seq
+   * @param {ScheduledWord[]} marks  times on the slices' axis
+   */
+  addMarks(seq, marks) {
+    const fired = this.wordsFired.get(seq) ?? -1;
+    let list = this.words.get(seq);
+    if (!list) {
+      if (this.words.size >= MAX_MARKED) this.words.delete(Math.min(...this.words.keys()));
+      list = [];
+    }
+    for (const w of marks) {
+      if (w.offset <= fired || !(w.endUs >= w.startUs)) continue;
+      const i = list.findIndex((x) => x.offset === w.offset);
+      if (i >= 0) list[i] = w;
+      else if (list.length < MAX_WORDS) list.push(w);
+    }
+    list.sort((a, b) => (a.startUs - b.startUs) || (a.offset - b.offset));
+    if (list.length > 0) this.words.set(seq, list);
+  }
+
+  /**
+   * Forget the words of utterance `seq`, and that any fired (the server starts it again: its new
+   * take's words come in new `marks`).
+   * @param {number} seq
+   */
+  dropMarks(seq) {
+    this.words.delete(seq);
+    this.wordsFired.delete(seq);
+  }
+
+  /**
    * Fill `out` with the samples that fall at times startUs, startUs + stepUs, ...
    * Times must not go backwards between calls.
    * @param {Float32Array} out
@@ -149,10 +212,18 @@ export class JitterBuffer {
     const fadeLen = Math.max(1, Math.round(this.fadeUs / stepUs));
     this.fadeLen = fadeLen;
     const q = this.queue;
+    // The span of the slice sounding now, [from, t): words are fired per span, not per sample.
+    /** @type {Entry | null} */
+    let cur = null;
+    let from = 0;
     for (let k = 0; k < out.length; k++) {
       const t = startUs + k * stepUs;
       while (q.length > 0 && q[0].end <= t) this.#retire(/** @type {Entry} */ (q.shift()));
       const s = q[0];
+      if (cur && cur !== s) {
+        this.#heard(cur, from, Math.min(t, cur.end));
+        cur = null;
+      }
       if (s === undefined || s.start > t) {
         out[k] = 0;
         this.silent = true;
@@ -165,6 +236,12 @@ export class JitterBuffer {
         continue;
       }
       if (!s.started) this.#begin(s, t);
+      if (!cur) {
+        cur = s;
+        // This sample stands for the time since the one before it: a word starting on the slice's
+        // edge, between two output samples, is heard here.
+        from = Math.max(s.start, t - stepUs);
+      }
       const x = ((t - s.start) * s.rate) / 1e6;
       let v = this.#interpolate(s, x);
       if (this.fadeLeft > 0) {
@@ -177,6 +254,8 @@ export class JitterBuffer {
       this.silent = false;
     }
     this.playheadUs = startUs + out.length * stepUs;
+    if (cur) this.#heard(cur, from, Math.min(this.playheadUs, cur.end));
+    if (this.words.size > 0) this.#expireWords();
   }
 
   /** @returns {JitterStats} */
@@ -246,7 +325,56 @@ export class JitterBuffer {
     this.prev = s;
     if (s.started && (s.last || this.endChunks.get(s.seq) === s.chunk + 1)) {
       this.events.push({ type: 'finish', seq: s.seq, chunk: s.chunk, atUs: s.end });
+      this.words.delete(s.seq); // what is left starts after its last sample: never heard
     }
+  }
+
+  /**
+   * Slice `s` sounded over [from, to) (buffer axis): fire its utterance's words that start before
+   * `to` and are heard in the span (they start in it, or are still being spoken at `from`).
+   * @param {Entry} s @param {number} from @param {number} to
+   */
+  #heard(s, from, to) {
+    const list = this.words.get(s.seq);
+    if (!list) return;
+    const a = from - this.delayUs;
+    const b = to - this.delayUs;
+    let n = 0;
+    let fired = this.wordsFired.get(s.seq) ?? -1;
+    while (n < list.length && list[n].startUs < b) {
+      const w = list[n++];
+      if (w.startUs < a && w.endUs <= a) continue; // over before any of it was heard: skipped
+      this.events.push({ type: 'word', seq: s.seq, chunk: s.chunk, atUs: Math.max(w.startUs, a) + this.delayUs, word: w });
+      fired = Math.max(fired, w.offset);
+    }
+    if (n === 0) return;
+    list.splice(0, n);
+    if (list.length === 0) this.words.delete(s.seq);
+    this.wordsFired.set(s.seq, fired);
+    if (this.wordsFired.size > MAX_MARKED) this.wordsFired.delete(/** @type {number} */ (this.wordsFired.keys().next().value));
+  }
+
+  /**
+   * Words whose end the playhead has passed can no longer be heard (time never goes back). Only
+   * the front of each list is looked at (they are sorted by start): cheap enough for every quantum.
+   */
+  #expireWords() {
+    const now = this.playheadUs - this.delayUs;
+    for (const [seq, list] of this.words) {
+      let n = 0;
+      while (n < list.length && list[n].endUs <= now) n++;
+      if (n === list.length) this.words.delete(seq);
+      else if (n > 0) list.splice(0, n);
+    }
+  }
+
+  /** @param {number} seq @param {(w: ScheduledWord) => boolean} keep */
+  #keepWords(seq, keep) {
+    const list = this.words.get(seq);
+    if (!list) return;
+    const kept = list.filter(keep);
+    if (kept.length === 0) this.words.delete(seq);
+    else if (kept.length < list.length) this.words.set(seq, kept);
   }
 
   /**

@@ -154,6 +154,38 @@ export class Player {
   }
 
   /**
+   * Hand the worklet the words of utterance `seq`: it fires each as a 'word' event when the
+   * playhead reaches it (JitterBuffer.addMarks). Returns false when they were not taken (no
+   * clock yet).
+   * @param {number} seq
+   * @param {import('./protocol.js').WordMark[]} words  as on the wire: room-clock ms
+   * @throws {TypeError} when a word is malformed (nothing is taken then)
+   */
+  addMarks(seq, words) {
+    if (!this.node || this.epochMs === null) return false;
+    const epochMs = this.epochMs;
+    const marks = words.map((w) => {
+      if (typeof w?.text !== 'string' || !isCount(w.offset) || !isCount(w.length) || !Number.isFinite(w.start_ms)
+        || !Number.isFinite(w.end_ms) || w.end_ms < w.start_ms) {
+        throw new TypeError(`bad word in marks: ${JSON.stringify(w)}`);
+      }
+      // µs since epochMs, like the slices' pts: small numbers keep their precision in doubles.
+      return { text: w.text, offset: w.offset, length: w.length, startUs: (w.start_ms - epochMs) * 1000,
+        endUs: (w.end_ms - epochMs) * 1000 };
+    });
+    this.node.port.postMessage({ type: 'marks', seq, words: marks });
+    return true;
+  }
+
+  /**
+   * Forget utterance `seq`'s words (the server starts it again; its new take brings new marks).
+   * @param {number} seq
+   */
+  dropMarks(seq) {
+    this.node?.port.postMessage({ type: 'unmark', seq });
+  }
+
+  /**
    * Room time (ms since the epoch) at which the sample rendered at context time `ctxS` is heard.
    * @param {number} ctxS
    */
@@ -227,4 +259,9 @@ export class Player {
       tap.t0 += (drop * 128) / tap.rate;
     }
   }
+}
+
+/** @param {unknown} n */
+function isCount(n) {
+  return Number.isSafeInteger(n) && /** @type {number} */ (n) >= 0;
 }

@@ -18,7 +18,10 @@ export const CODEC_OPUS = 1;
 export const FLAG_FIRST = 0x01;
 export const FLAG_LAST = 0x02;
 
-/** Error codes carried by `error` messages (voxroom.protocol.ErrorCode). */
+/**
+ * Error codes carried by `error` messages, and `synthesis_failed` by a failed `end`
+ * (voxroom.protocol.ErrorCode: tests/protocol/test_js_agreement.py checks that both hold the same).
+ */
 export const ErrorCode = Object.freeze({
   BAD_JSON: 'bad_json',
   BAD_MSGPACK: 'bad_msgpack',
@@ -33,9 +36,11 @@ export const ErrorCode = Object.freeze({
   BUSY: 'busy',
   RATE_LIMITED: 'rate_limited',
   FORBIDDEN: 'forbidden',
+  /** On a failed `end` (not an `error` message): the engine could not finish the line. */
   SYNTHESIS_FAILED: 'synthesis_failed',
   /** Redis unreachable for a moment: resend the same seq after `retry_after_ms` (dedupe makes it safe). */
   UNAVAILABLE: 'unavailable',
+  /** The gateway failed on this frame (a server bug, logged there); the connection stays. */
   INTERNAL: 'internal',
 });
 
@@ -196,22 +201,79 @@ export function encodeResume(seq, chunk) {
 
 /**
  * @typedef {{type: 'welcome', protocol: number, room: string, client: string, sample_rate: number,
- *   slice_ms: number, voice: string, server_ms: number, codec?: 'pcm16' | 'opus', lead_ms?: number,
- *   claim?: string}} Welcome
+ *   slice_ms: number, voice: string, server_ms: number, codec?: 'pcm16' | 'opus',
+ *   role?: 'speaker' | 'listener', lead_ms?: number, claim?: string}} Welcome
  * @typedef {{type: 'accepted', seq: number, utterance: number}} Accepted
  * @typedef {{type: 'start', utterance: number, sender: string, voice: string, text: string,
- *   pts_ms: number, sample_rate: number}} Start
+ *   pts_ms: number, sample_rate: number, restart?: boolean}} Start
+ * One word of a `marks` message: room-clock times (as `start.pts_ms`), and its place in
+ * `start.text` in code points (index `Array.from(text)`, not the UTF-16 string).
+ * @typedef {{text: string, start_ms: number, end_ms: number, offset: number, length: number}} WordMark
+ * @typedef {{type: 'marks', utterance: number, words: WordMark[]}} Marks
+ * @typedef {'ok' | 'failed'} EndStatus
+ * `code` (`synthesis_failed`) and `error` (a short reason) come with `status: 'failed'` only.
  * @typedef {{type: 'end', utterance: number, chunks: number, duration_ms: number,
- *   status: 'ok' | 'failed' | 'skipped'}} End
+ *   status: EndStatus, code?: string, error?: string}} End
  * @typedef {{type: 'error', code: string, message: string, seq?: number, retry_after_ms?: number}} ErrorMessage
  * @typedef {{type: 'pong', t: number | null, server_ms: number}} Pong
- * @typedef {Welcome | Accepted | Start | End | ErrorMessage | Pong} ServerMessage
+ * @typedef {Welcome | Accepted | Start | Marks | End | ErrorMessage | Pong} ServerMessage
  */
 
-const REQUIRED = /** @type {Record<string, string[]>} */ ({
+/**
+ * Every key of T, each exactly once: a constant declared with this type names all of T's fields,
+ * so tsc fails when a typedef above and the field lists below drift apart.
+ * @template T
+ * @typedef {{[K in keyof T]-?: true}} AllKeys
+ */
+
+/** @type {AllKeys<Welcome>} */
+const WELCOME = { type: true, protocol: true, room: true, client: true, sample_rate: true, slice_ms: true,
+  voice: true, server_ms: true, codec: true, role: true, lead_ms: true, claim: true };
+/** @type {AllKeys<Accepted>} */
+const ACCEPTED = { type: true, seq: true, utterance: true };
+/** @type {AllKeys<Start>} */
+const START = { type: true, utterance: true, sender: true, voice: true, text: true, pts_ms: true,
+  sample_rate: true, restart: true };
+/** @type {AllKeys<Marks>} */
+const MARKS = { type: true, utterance: true, words: true };
+/** @type {AllKeys<End>} */
+const END = { type: true, utterance: true, chunks: true, duration_ms: true, status: true, code: true, error: true };
+/** @type {AllKeys<ErrorMessage>} */
+const ERROR = { type: true, code: true, message: true, seq: true, retry_after_ms: true };
+/** @type {AllKeys<Pong>} */
+const PONG = { type: true, t: true, server_ms: true };
+/** @type {AllKeys<WordMark>} */
+const WORD_MARK = { text: true, start_ms: true, end_ms: true, offset: true, length: true };
+
+/**
+ * Every server message type and the fields it may carry (voxroom.protocol.SERVER_MESSAGES).
+ * @type {Readonly<Record<ServerMessage['type'], readonly string[]>>}
+ */
+export const SERVER_MESSAGE_FIELDS = Object.freeze({
+  welcome: Object.freeze(Object.keys(WELCOME)),
+  accepted: Object.freeze(Object.keys(ACCEPTED)),
+  start: Object.freeze(Object.keys(START)),
+  marks: Object.freeze(Object.keys(MARKS)),
+  end: Object.freeze(Object.keys(END)),
+  error: Object.freeze(Object.keys(ERROR)),
+  pong: Object.freeze(Object.keys(PONG)),
+});
+/** The fields of one word of a `marks` message. */
+export const WORD_MARK_FIELDS = Object.freeze(Object.keys(WORD_MARK));
+/** @type {readonly EndStatus[]} */
+export const END_STATUSES = Object.freeze(['ok', 'failed']);
+/** The messages a client sends (encodeSay, encodePing, encodeResume). */
+export const CLIENT_MESSAGE_TYPES = Object.freeze(['say', 'ping', 'resume']);
+
+/**
+ * The fields parseServerMessage insists on; servers of this protocol version always send them.
+ * @type {Readonly<Record<ServerMessage['type'], readonly string[]>>}
+ */
+export const REQUIRED_FIELDS = Object.freeze({
   welcome: ['server_ms'],
   accepted: ['seq', 'utterance'],
   start: ['utterance'],
+  marks: ['utterance', 'words'],
   end: ['utterance'],
   error: ['code'],
   pong: ['server_ms'],
@@ -234,8 +296,11 @@ export function parseServerMessage(text) {
   if (obj === null || typeof obj !== 'object' || Array.isArray(obj) || typeof obj.type !== 'string') {
     throw new ProtocolError('server message is not an object with a string type');
   }
-  for (const field of REQUIRED[obj.type] ?? []) {
+  const required = Object.hasOwn(REQUIRED_FIELDS, obj.type)
+    ? REQUIRED_FIELDS[/** @type {ServerMessage['type']} */ (obj.type)] : [];
+  for (const field of required) {
     if (!(field in obj)) throw new ProtocolError(`'${obj.type}' message lacks '${field}'`);
   }
+  if (obj.type === 'marks' && !Array.isArray(obj.words)) throw new ProtocolError("'marks' words is not a list");
   return obj;
 }

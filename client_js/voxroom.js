@@ -18,6 +18,8 @@ const FAST_PING_MS = 500;
 /** `say` calls waiting for `accepted` (including while reconnecting); past this they fail at once. */
 const MAX_PENDING_SAYS = 32;
 const STATS_EVERY_MS = 250;
+/** Words in one `marks` message (a line is at most 500 code points); more is a bad message. */
+const MAX_MARKED_WORDS = 1024;
 /** `say` seqs count quarter seconds from here (see say()). */
 const SEQ_EPOCH_MS = Date.UTC(2025, 0, 1);
 const SEQ_TICK_MS = 250;
@@ -42,6 +44,23 @@ const SEQ_TICK_MS = 250;
  * @property {number} [pingIntervalMs=2000]
  * @property {{baseMs?: number, maxMs?: number, maxAttempts?: number}} [reconnect]
  * @property {typeof WebSocket} [WebSocket]  an implementation to use instead of the global one
+ * @property {(word: WordInfo) => void} [onWord]  called for each word as it is heard (see WordInfo)
+ *
+ * @typedef {object} WordInfo  one word (a character in Chinese) of a line, as it is heard: the
+ *   `word` event's detail and onWord's argument. Fired from the playout clock when the audio
+ *   reaches the word's start (on the room clock, so every listener sees it at the same moment),
+ *   once; never for audio that was not played. A word whose marks came after its start fires at
+ *   once if it is still being spoken, and is skipped if it is over.
+ * @property {number} utterance
+ * @property {string} text  the word as the server wrote it
+ * @property {number} offset  where it starts in the line (`line`, the `start` message's text), in
+ *   code points: `Array.from(line).slice(offset, offset + length).join('')`
+ * @property {number} length  in code points
+ * @property {number} startMs  when it is spoken, room clock (ms since the epoch)
+ * @property {number} endMs  when it ends, room clock: unhighlight then, or at the next word
+ * @property {number} roomMs  when the playhead reached it (startMs, or later for marks that came late)
+ * @property {string | undefined} line  the whole line
+ * @property {boolean} own  one of our own lines
  *
  * @typedef {object} VoxroomStats
  * @property {ConnectionState} state
@@ -84,6 +103,8 @@ export class VoxroomClient extends EventTarget {
     this.ws = null;
     this.#seq = 0;
     this.clientId = options.clientId ?? randomId();
+    /** @type {((word: WordInfo) => void) | null} called for each word as it is heard; also the `word` event */
+    this.onWord = options.onWord ?? null;
     /** @type {'pcm16' | 'opus'} */
     this.codec = options.codec === 'opus' && typeof globalThis.AudioDecoder === 'function' ? 'opus' : 'pcm16';
     this.opus = this.codec === 'opus'
@@ -105,6 +126,9 @@ export class VoxroomClient extends EventTarget {
   /** @type {Map<number, number>} */ #ours = new Map();
   /** @type {Map<number, import('./protocol.js').Start>} */ #starts = new Map();
   /** @type {{resolve: Function, reject: Function} | null} */ #firstWelcome = null;
+  /** word events waiting for their audio to reach the speaker (at most the output latency) */
+  /** @type {Set<ReturnType<typeof setTimeout>>} */ #wordTimers = new Set();
+  #lastWordDueMs = -Infinity;
   #badCodecReported = false;
 
   /** The gateway's WebSocket URL for this room. */
@@ -183,6 +207,8 @@ export class VoxroomClient extends EventTarget {
     clearTimeout(this.#retryTimer);
     clearTimeout(this.#pingTimer);
     clearInterval(this.#statsTimer);
+    for (const t of this.#wordTimers) clearTimeout(t);
+    this.#wordTimers.clear();
     this.ws?.close(1000, 'bye');
     this.#setState('closed');
     for (const p of this.#pending.values()) p.reject(Object.assign(new Error('client closed'), { code: 'closed' }));
@@ -296,6 +322,8 @@ export class VoxroomClient extends EventTarget {
       }
       case 'start':
         this.position.start(msg.utterance);
+        // A second take (its worker died): the first take's words will not be heard.
+        if (msg.restart) this.player.dropMarks(msg.utterance);
         this.#starts.set(msg.utterance, msg);
         if (this.#starts.size > 64) this.#starts.delete(/** @type {number} */ (this.#starts.keys().next().value));
         this.#emit('start', { ...msg, own: this.#ours.has(msg.utterance) });
@@ -306,6 +334,7 @@ export class VoxroomClient extends EventTarget {
         this.#emit('end', { ...msg, own: this.#ours.has(msg.utterance) });
         return;
       case 'error': return this.#onError(msg);
+      case 'marks': return this.#onMarks(msg);
       default:
         return;
     }
@@ -344,6 +373,22 @@ export class VoxroomClient extends EventTarget {
     this.#emit('error', detail);
   }
 
+  /**
+   * Word timings of an utterance: handed to the worklet, which fires them as they are played.
+   * @param {{utterance: unknown, words: unknown}} msg
+   */
+  #onMarks(msg) {
+    const { utterance, words } = msg;
+    try {
+      if (!Number.isSafeInteger(utterance) || !Array.isArray(words) || words.length > MAX_MARKED_WORDS) {
+        throw new TypeError('marks need an integer utterance and at most 1024 words');
+      }
+      this.player.addMarks(/** @type {number} */ (utterance), words);
+    } catch (err) {
+      this.#emit('error', { code: 'bad_server_message', message: /** @type {Error} */ (err).message });
+    }
+  }
+
   /** @param {ArrayBuffer} data */
   #onAudio(data) {
     let frame;
@@ -371,7 +416,9 @@ export class VoxroomClient extends EventTarget {
   /** @param {import('./jitter.js').JitterEvent & {roomMs: number}} e */
   #onPlayback(e) {
     const start = this.#starts.get(e.seq);
-    if (e.type === 'begin') {
+    if (e.type === 'word') {
+      if (e.word) this.#onWordPlayed(e.seq, e.word, e.roomMs, start?.text);
+    } else if (e.type === 'begin') {
       const sentMs = this.#ours.get(e.seq);
       let ttfaMs = null;
       if (sentMs !== undefined) {
@@ -385,6 +432,42 @@ export class VoxroomClient extends EventTarget {
       this.#emit('finished', { utterance: e.seq, roomMs: e.roomMs, own: this.#ours.has(e.seq), sender: start?.sender,
         text: start?.text });
     }
+  }
+
+  /**
+   * The worklet reached a word while rendering, which is ahead of the speaker by the output
+   * latency: its room time (the mapping includes that latency) says when it is heard.
+   * @param {number} seq @param {import('./jitter.js').ScheduledWord} w @param {number} roomMs
+   * @param {string | undefined} line
+   */
+  #onWordPlayed(seq, w, roomMs, line) {
+    const epochMs = this.player.epochMs ?? 0;
+    /** @type {WordInfo} */
+    const word = { utterance: seq, text: w.text, offset: w.offset, length: w.length, startMs: epochMs + w.startUs / 1000,
+      endMs: epochMs + w.endUs / 1000, roomMs, line, own: this.#ours.has(seq) };
+    // Never before an earlier word: a remap between two words must not swap them.
+    const dueMs = Math.max(this.clock.toLocalMs(roomMs), this.#lastWordDueMs);
+    this.#lastWordDueMs = dueMs;
+    const wait = dueMs - performance.now();
+    if (wait < 1 && this.#wordTimers.size === 0) {
+      this.#fireWord(word);
+      return;
+    }
+    const timer = setTimeout(() => {
+      this.#wordTimers.delete(timer);
+      this.#fireWord(word);
+    }, Math.max(0, wait));
+    this.#wordTimers.add(timer);
+  }
+
+  /** @param {WordInfo} word */
+  #fireWord(word) {
+    try {
+      this.onWord?.(word);
+    } catch (err) {
+      setTimeout(() => { throw err; }); // the page's bug: reported, and the other listeners still hear the word
+    }
+    this.#emit('word', word);
   }
 
   /** @param {ConnectionState} state @param {object} [extra] */

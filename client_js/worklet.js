@@ -38,12 +38,21 @@ class PlayerProcessor extends AudioWorkletProcessor {
       case 'end':
         this.jb.markEnd(m.seq, m.chunks);
         break;
+      case 'marks':
+        this.jb.addMarks(m.seq, m.words);
+        break;
+      case 'unmark':
+        this.jb.dropMarks(m.seq);
+        break;
       case 'lead':
         // The server told us its lead (welcome.lead_ms): only honoured before anything played,
         // because moving the playout delay under a playing utterance would cut or repeat audio.
         if (this.jb.counters.played === 0 && this.jb.queue.length === 0) {
           this.config.leadMs = m.leadMs;
+          const { words, wordsFired } = this.jb; // marks may precede the first audio
           this.jb = new JitterBuffer(this.config);
+          this.jb.words = words;
+          this.jb.wordsFired = wordsFired;
         }
         break;
       default:

@@ -14,7 +14,7 @@ import json
 import math
 import re
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, NotRequired, TypedDict
 
@@ -58,7 +58,8 @@ FLAG_LAST: Final = 0x02
 
 
 class ErrorCode:
-    """Error codes carried by ``error`` messages. Clients switch on these strings."""
+    """Error codes carried by ``error`` messages (and ``synthesis_failed`` by a failed ``end``).
+    Clients switch on these strings; client_js/protocol.js declares the same set (a test checks)."""
 
     BAD_JSON: Final = "bad_json"  # the text frame is not a JSON object
     BAD_MSGPACK: Final = "bad_msgpack"  # the binary frame is not a msgpack map (closes with 1003)
@@ -73,9 +74,12 @@ class ErrorCode:
     BUSY: Final = "busy"  # the room or the pool is full: retry after ``retry_after_ms``
     RATE_LIMITED: Final = "rate_limited"
     FORBIDDEN: Final = "forbidden"  # e.g. a listener token tried to speak
-    SYNTHESIS_FAILED: Final = "synthesis_failed"
+    SYNTHESIS_FAILED: Final = "synthesis_failed"  # on a failed ``end``: the engine could not finish the line
     UNAVAILABLE: Final = "unavailable"  # Redis unreachable for a moment: retry after ``retry_after_ms``
-    INTERNAL: Final = "internal"
+    INTERNAL: Final = "internal"  # the gateway failed on this frame (a bug, logged); the connection stays
+
+
+ERROR_CODES: Final = frozenset(value for name, value in vars(ErrorCode).items() if name.isupper())
 
 
 class CloseCode:
@@ -356,20 +360,51 @@ class Start(TypedDict):
     drop what was received of the first take."""
 
 
+class WordMark(TypedDict):
+    """One word of a ``marks`` message: when it plays and where it is in ``start.text``."""
+
+    text: str
+    start_ms: float
+    """Room-clock time the word begins: ``start.pts_ms`` plus its sample offset in the utterance."""
+    end_ms: float
+    offset: int
+    """Position in ``start.text`` in Unicode code points (Python ``str`` indices; JavaScript
+    clients index ``Array.from(text)``)."""
+    length: int
+
+
+class Marks(TypedDict):
+    """Word timings of an utterance, sent before the audio they describe (one or more per
+    utterance, in order)."""
+
+    type: Literal["marks"]
+    utterance: int
+    words: list[WordMark]
+
+
+EndStatus = Literal["ok", "failed"]
+END_STATUSES: Final[tuple[EndStatus, ...]] = ("ok", "failed")
+MAX_END_ERROR_CHARS: Final = 200
+
+
 class End(TypedDict):
     type: Literal["end"]
     utterance: int
     chunks: int
     duration_ms: float
-    status: Literal["ok", "failed", "skipped"]
+    status: EndStatus
+    code: NotRequired[str]
+    """Only when ``failed``: :attr:`ErrorCode.SYNTHESIS_FAILED`."""
+    error: NotRequired[str]
+    """Only when ``failed``: why, in a short message for logs (at most :data:`MAX_END_ERROR_CHARS`)."""
 
 
-class Error(TypedDict, total=False):
+class Error(TypedDict):
     type: Literal["error"]
     code: str
     message: str
-    seq: int
-    retry_after_ms: int
+    seq: NotRequired[int]
+    retry_after_ms: NotRequired[int]
 
 
 class Pong(TypedDict):
@@ -378,7 +413,14 @@ class Pong(TypedDict):
     server_ms: float
 
 
-ServerMessage = Welcome | Accepted | Start | End | Error | Pong
+ServerMessage = Welcome | Accepted | Start | Marks | End | Error | Pong
+SERVER_MESSAGES: Final[Mapping[str, type[Any]]] = {
+    "welcome": Welcome, "accepted": Accepted, "start": Start, "marks": Marks, "end": End, "error": Error,
+    "pong": Pong}
+"""Every server -> client control message by its ``type`` (client_js/protocol.js declares the same:
+tests/protocol/test_js_agreement.py). ``start``, ``marks`` and ``end`` travel from the workers
+through the room's output stream: voxroom/output_entries.py."""
+CLIENT_MESSAGES: Final[Mapping[str, type[ClientMessage]]] = {"say": Say, "ping": Ping, "resume": Resume}
 
 
 def encode_server_message(msg: ServerMessage) -> str:
@@ -393,6 +435,35 @@ def error_message(code: str, message: str, *, seq: int | None = None,
     if retry_after_ms is not None:
         err["retry_after_ms"] = retry_after_ms
     return err
+
+
+def start_message(utterance: int, *, sender: str, voice: str, text: str, pts_ms: float,
+                  restart: bool = False) -> Start:
+    """An utterance's ``start``. ``restart``: a second take after its worker died (chunk 0 again)."""
+    msg: Start = {"type": "start", "utterance": utterance, "sender": sender, "voice": voice, "text": text,
+                  "pts_ms": round(pts_ms, 3), "sample_rate": ROOM_RATE}
+    if restart:
+        msg["restart"] = True
+    return msg
+
+
+def end_message(utterance: int, *, chunks: int, duration_ms: float, error: str | None = None) -> End:
+    """An utterance's ``end``: ``ok``, or ``failed`` with ``synthesis_failed`` and ``error`` (cut to
+    :data:`MAX_END_ERROR_CHARS`) when ``error`` is given; what was published before the failure
+    (``chunks``) was sent and plays."""
+    msg: End = {"type": "end", "utterance": utterance, "chunks": chunks, "duration_ms": round(duration_ms, 1),
+                "status": "failed" if error else "ok"}
+    if error:
+        msg["code"] = ErrorCode.SYNTHESIS_FAILED
+        msg["error"] = error[:MAX_END_ERROR_CHARS]
+    return msg
+
+
+def marks_message(utterance: int, words: Iterable[WordMark]) -> Marks:
+    """Word marks already on the room clock (see :class:`WordMark`); times rounded to the µs."""
+    return {"type": "marks", "utterance": utterance,
+            "words": [{"text": w["text"], "start_ms": round(w["start_ms"], 3), "end_ms": round(w["end_ms"], 3),
+                       "offset": w["offset"], "length": w["length"]} for w in words]}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,7 +22,8 @@ from dataclasses import dataclass, replace
 
 from voxroom.clock import RoomClock
 from voxroom.opus import OpusEncoder
-from voxroom.protocol import CODEC_OPUS, ROOM_RATE, SLICE_SAMPLES, AudioFrame
+from voxroom.output_entries import EntryFields, chunk_fields, entry_fields
+from voxroom.protocol import CODEC_OPUS, ROOM_RATE, SLICE_SAMPLES, AudioFrame, end_message, start_message
 from workers.bus import Turn, WorkerBus
 from workers.job import Utterance
 
@@ -101,13 +102,12 @@ async def publish_utterance(bus: WorkerBus, utt: Utterance, clock: RoomClock, *,
     first_ms: float | None = None
     # The start entry travels with the first slice: one round trip, and clients never see a start
     # whose audio is not already on its way.
-    pending: list[dict[str, object]] = [{"kind": "start", "seq": job.seq, "sender": job.sender,
-                                         "voice": voice_name, "text": job.text, "pts_ms": f"{next_pts:.3f}",
-                                         "rate": ROOM_RATE}]
+    # A restart: a worker died mid-utterance and we took it over. The clients drop what they got
+    # of the first take when they see chunk 0 again (and this flag), so nothing plays twice.
+    start = start_message(job.seq, sender=job.sender, voice=voice_name, text=job.text, pts_ms=next_pts,
+                          restart=turn == "restart")
+    pending: list[EntryFields] = [entry_fields(start)]
     if turn == "restart":
-        # A worker died mid-utterance and we took it over: the clients drop what they got of the
-        # first take when they see chunk 0 again (and this flag), so nothing plays twice.
-        pending[0]["restart"] = 1
         log.warning("room %s utterance %d restarted from its first slice", job.room, job.seq)
     mark_started: int | None = job.seq
     item = first
@@ -126,11 +126,11 @@ async def publish_utterance(bus: WorkerBus, utt: Utterance, clock: RoomClock, *,
         frame = AudioFrame(room=job.room, seq=job.seq, chunk=chunk, pts_us=int(next_pts * 1000),
                            sample_rate=ROOM_RATE, samples=int(item.size), payload=item.tobytes(),
                            first=chunk == 0, last=utt.slices.next_is_end())
-        entry: dict[str, object] = {"kind": "chunk", "seq": job.seq, "chunk": chunk, "frame": frame.encode()}
+        opus: bytes | None = None
         if encoder is not None:
             payload = encoder.encode(item) + (encoder.flush() if frame.last else b"")
-            entry["opus"] = replace(frame, codec=CODEC_OPUS, payload=payload).encode()
-        pending.append(entry)
+            opus = replace(frame, codec=CODEC_OPUS, payload=payload).encode()
+        pending.append(chunk_fields(job.seq, chunk, frame.encode(), opus))
         chunk += 1
         next_pts += SLICE_MS
         # Slices that are already due go out in one round trip; otherwise publish this one now.
@@ -145,12 +145,8 @@ async def publish_utterance(bus: WorkerBus, utt: Utterance, clock: RoomClock, *,
     if pending:  # also the start entry of an utterance that produced no audio at all
         await bus.publish(job, pending, started=mark_started)
         first_ms = first_ms if first_ms is not None else clock.now_ms()
-    status = "failed" if utt.error else "ok"
     duration = chunk * SLICE_MS
-    end_fields = {"kind": "end", "seq": job.seq, "chunks": chunk, "duration_ms": f"{duration:.1f}",
-                  "status": status, "pts_ms": f"{next_pts:.3f}"}
-    if utt.error:
-        end_fields["error"] = utt.error[:200]
-    await bus.finish(job, end_fields, next_pts)
-    return PublishResult(status, chunk, duration, first_ms, shifts)
+    end = end_message(job.seq, chunks=chunk, duration_ms=duration, error=utt.error)
+    await bus.finish(job, entry_fields(end, room_end_ms=next_pts), next_pts)
+    return PublishResult(end["status"], chunk, duration, first_ms, shifts)
 

@@ -10,6 +10,10 @@ if (params.get('token')) $('token').value = params.get('token');
 let client = null;
 /** utterance -> its transcript row */
 const rows = new Map();
+/** the utterance shown in "Now speaking", whose words are highlighted as they are heard */
+let speaking = /** @type {number | null} */ (null);
+/** @type {ReturnType<typeof setTimeout> | undefined} */
+let wordOver;
 const STATE_TEXT = { idle: 'not connected', connecting: 'connecting…', open: 'connected', reconnecting: 'reconnecting…',
   closed: 'disconnected' };
 
@@ -77,13 +81,16 @@ function wire(c) {
   c.addEventListener('playing', (/** @type {any} */ e) => {
     const d = e.detail;
     rows.get(d.utterance)?.classList.add('speaking');
+    speaking = d.utterance;
     setSpeaking(true, d.own ? 'You' : `Guest ${d.sender ?? '?'}`, d.text ?? '');
     if (d.ttfaMs !== null) setMeta(d.utterance, `first audio in ${Math.round(d.ttfaMs)} ms`);
   });
   c.addEventListener('finished', (/** @type {any} */ e) => {
     rows.get(e.detail.utterance)?.classList.remove('speaking');
+    if (speaking === e.detail.utterance) speaking = null;
     setSpeaking(false);
   });
+  c.addEventListener('word', (/** @type {any} */ e) => showWord(c, e.detail));
   c.addEventListener('end', (/** @type {any} */ e) => {
     const d = e.detail;
     if (d.status !== 'ok') setMeta(d.utterance, d.status);
@@ -140,6 +147,26 @@ function addRow(d) {
   while (log.children.length > 100) log.lastChild.remove();
 }
 
+/**
+ * Karaoke caption: the line with the words heard so far in ink and the word being heard marked,
+ * until its end on the room clock (or the next word).
+ * @param {VoxroomClient} c @param {import('../voxroom.js').WordInfo} w
+ */
+function showWord(c, w) {
+  if (w.utterance !== speaking || w.line === undefined) return;
+  const chars = Array.from(w.line); // offsets count code points, as the server does
+  const said = document.createElement('span');
+  said.className = 'said';
+  said.textContent = chars.slice(0, w.offset).join('');
+  const now = document.createElement('mark');
+  now.textContent = chars.slice(w.offset, w.offset + w.length).join('');
+  const el = $('speaker-text');
+  el.replaceChildren(said, now, chars.slice(w.offset + w.length).join(''));
+  el.dataset.word = String(w.offset);
+  clearTimeout(wordOver);
+  wordOver = setTimeout(() => now.classList.add('over'), Math.max(0, w.endMs - c.roomTimeMs()));
+}
+
 /** @param {number} utterance @param {string} text */
 function setMeta(utterance, text) {
   const meta = rows.get(utterance)?.querySelector('.meta');
@@ -150,7 +177,9 @@ function setMeta(utterance, text) {
 function setSpeaking(on, who, what) {
   $('speaker').classList.toggle('idle', !on);
   $('speaker-name').textContent = on ? who : 'Nobody';
+  clearTimeout(wordOver);
   $('speaker-text').textContent = on ? what : 'The room is quiet.';
+  delete $('speaker-text').dataset.word;
 }
 
 /** @param {import('../voxroom.js').VoxroomStats} s */

@@ -5,8 +5,8 @@ import { execFileSync } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import {
-  AUDIO_HEADER_BYTES, CODEC_PCM16, ProtocolError, decodeAudioFrame, encodeAudioFrame, encodePing, encodeResume,
-  encodeSay, parseServerMessage, pcm16ToFloat32,
+  AUDIO_HEADER_BYTES, CODEC_PCM16, END_STATUSES, ErrorCode, ProtocolError, SERVER_MESSAGE_FIELDS, decodeAudioFrame,
+  encodeAudioFrame, encodePing, encodeResume, encodeSay, parseServerMessage, pcm16ToFloat32,
 } from '../../client_js/protocol.js';
 
 const root = fileURLToPath(new URL('../../', import.meta.url));
@@ -118,4 +118,31 @@ test('server messages are parsed and checked for their key fields', () => {
   assert.throws(() => parseServerMessage('{"type":"pong"}'), /server_ms/);
   assert.throws(() => parseServerMessage('[1]'), ProtocolError);
   assert.throws(() => parseServerMessage('nope'), ProtocolError);
+});
+
+test('marks: word timings parse; a marks without a words list is refused', () => {
+  const m = parseServerMessage(JSON.stringify({ type: 'marks', utterance: 7, words: [
+    { text: 'Night', start_ms: 1764546000123.0, end_ms: 1764546000433.0, offset: 0, length: 5 },
+    { text: '村', start_ms: 1764546000500.0, end_ms: 1764546000700.0, offset: 7, length: 1 }] }));
+  assert.equal(m.type, 'marks');
+  // offset/length count code points: index Array.from(text), not the UTF-16 string.
+  const text = 'Night, 村民';
+  const [, word] = m.words;
+  assert.equal(Array.from(text).slice(word.offset, word.offset + word.length).join(''), '村');
+  assert.throws(() => parseServerMessage('{"type":"marks","utterance":7}'), /words/);
+  assert.throws(() => parseServerMessage('{"type":"marks","utterance":7,"words":{}}'), /words/);
+});
+
+test('a failed end carries its code and reason; every end status and error code is declared', () => {
+  const e = parseServerMessage('{"type":"end","utterance":3,"chunks":2,"duration_ms":80.0,"status":"failed","code":"synthesis_failed","error":"engine gone"}');
+  assert.equal(e.code, ErrorCode.SYNTHESIS_FAILED);
+  assert.ok(END_STATUSES.includes(e.status));
+  assert.deepEqual(SERVER_MESSAGE_FIELDS.end, ['type', 'utterance', 'chunks', 'duration_ms', 'status', 'code', 'error']);
+  assert.equal(ErrorCode.UNAVAILABLE, 'unavailable');
+});
+
+test('a type named like an Object.prototype key is an unknown type, not a crash', () => {
+  for (const type of ['toString', 'constructor', '__proto__', 'hasOwnProperty']) {
+    assert.equal(parseServerMessage(JSON.stringify({ type })).type, type);
+  }
 });

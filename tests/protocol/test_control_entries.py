@@ -1,0 +1,148 @@
+"""``start``, ``marks`` and ``end`` are built once (voxroom/protocol.py), written as output-stream
+entries (voxroom/output_entries.py) and read back into the same client messages: bytes in, messages
+out. The last test runs the real publisher against a real redis-server and reads what a gateway
+sends its clients."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from typing import Any
+
+import numpy as np
+import pytest
+
+from app.entries import client_items, control_message
+from app.resume import ResumePoint, stop_here
+from voxroom import keys, redis_client
+from voxroom.clock import RoomClock
+from voxroom.output_entries import EntryFields, chunk_fields, control_from_entry, entry_fields
+from voxroom.protocol import (
+    CODEC_PCM16,
+    MAX_END_ERROR_CHARS,
+    ROOM_RATE,
+    SLICE_SAMPLES,
+    ErrorCode,
+    WordMark,
+    end_message,
+    marks_message,
+    start_message,
+)
+from workers.bus import WorkerBus
+from workers.job import Job, SliceBuffer, Utterance
+from workers.publisher import publish_utterance
+
+
+def as_redis_returns(fields: EntryFields) -> dict[bytes, bytes]:
+    """An entry as XRANGE gives it back when read raw: every name and value bytes."""
+    def b(value: str | int | bytes) -> bytes:
+        return value if isinstance(value, bytes) else str(value).encode()
+    return {b(k): b(v) for k, v in fields.items()}
+
+
+def test_start_round_trips_restart_only_when_true() -> None:
+    first = start_message(7, sender="gm", voice="en-joe", text="Night falls, 村民.", pts_ms=1764546000123.4567)
+    assert first == {"type": "start", "utterance": 7, "sender": "gm", "voice": "en-joe", "text": "Night falls, 村民.",
+                     "pts_ms": 1764546000123.457, "sample_rate": ROOM_RATE}
+    assert "restart" not in entry_fields(first)
+    assert control_from_entry(as_redis_returns(entry_fields(first))) == first
+    again = start_message(7, sender="gm", voice="en-joe", text="x", pts_ms=5.0, restart=True)
+    assert entry_fields(again)["restart"] == 1
+    assert control_from_entry(as_redis_returns(entry_fields(again))) == {**again, "restart": True}
+
+
+def test_a_failed_end_carries_synthesis_failed_and_a_short_error() -> None:
+    ok = end_message(3, chunks=12, duration_ms=480.04)
+    assert ok == {"type": "end", "utterance": 3, "chunks": 12, "duration_ms": 480.0, "status": "ok"}
+    failed = end_message(3, chunks=2, duration_ms=80.0, error="RuntimeError: " + "x" * 500)
+    assert failed["status"] == "failed" and failed["code"] == ErrorCode.SYNTHESIS_FAILED
+    assert failed["error"].startswith("RuntimeError: ") and len(failed["error"]) == MAX_END_ERROR_CHARS
+    for msg in (ok, failed):
+        fields = entry_fields(msg, room_end_ms=1764546000999.5)
+        assert fields["pts_ms"] == "1764546000999.500"  # the room's end, for operators only
+        back = control_from_entry(as_redis_returns(fields))
+        assert back == msg
+        assert "pts_ms" not in json.loads(control_message(as_redis_returns(fields)) or "{}")
+
+
+def test_an_end_written_before_code_existed_still_says_why() -> None:
+    old = {b"kind": b"end", b"seq": b"4", b"chunks": b"0", b"duration_ms": b"0.0", b"status": b"failed",
+           b"error": b"engine gone", b"pts_ms": b"1.000"}
+    assert control_from_entry(old) == {"type": "end", "utterance": 4, "chunks": 0, "duration_ms": 0.0,
+                                       "status": "failed", "code": "synthesis_failed", "error": "engine gone"}
+
+
+def test_marks_round_trip_with_code_point_offsets() -> None:
+    words: list[WordMark] = [
+        {"text": "Night", "start_ms": 1764546000123.0, "end_ms": 1764546000433.0001, "offset": 0, "length": 5},
+        {"text": "村", "start_ms": 1764546000500.0, "end_ms": 1764546000700.0, "offset": 13, "length": 1}]
+    msg = marks_message(7, words)
+    assert msg["words"][0]["end_ms"] == 1764546000433.0
+    fields = entry_fields(msg)
+    assert fields["kind"] == "marks" and json.loads(str(fields["words"])) == msg["words"]
+    assert control_from_entry(as_redis_returns(fields)) == msg
+
+
+def test_chunks_and_unknown_kinds_are_no_control_message_and_bad_entries_are_refused() -> None:
+    assert control_from_entry(as_redis_returns(chunk_fields(1, 0, b"VX..", b"opus"))) is None
+    assert control_from_entry({b"kind": b"captions", b"seq": b"1"}) is None  # a newer worker's kind
+    for bad in ({b"kind": b"start"}, {b"kind": b"end", b"seq": b"1", b"status": b"skipped"},
+                {b"kind": b"marks", b"seq": b"1", b"words": b"{}"}, {b"kind": b"marks", b"seq": b"1"},
+                {b"kind": b"start", b"seq": b"1", b"text": b"\xff"}):
+        with pytest.raises(ValueError):
+            control_from_entry(bad)
+        assert control_message(bad) is None  # a gateway skips it and keeps serving the room
+
+
+@pytest.mark.parametrize("error", [None, "ValueError: the engine could not say it"])
+async def test_the_publisher_writes_what_clients_get(redis_url: str, error: str | None) -> None:
+    """The real publisher against a real redis-server: the client messages of what it wrote are
+    the protocol's messages, an error included (before, ``End`` had no ``error`` nor ``code``)."""
+    r = redis_client.from_url(redis_url, decode_responses=True)
+    raw = redis_client.from_url(redis_url)  # entries carry audio: read them as bytes
+    bus = WorkerBus(r, f"w-{uuid.uuid4().hex[:6]}")
+    room = f"ctl-{uuid.uuid4().hex[:8]}"
+    try:
+        await bus.ensure_group()
+        await r.xadd(keys.JOBS, {"room": room, "seq": 1, "text": "Night falls.", "voice": "en-joe",
+                                 "prev_voice": "en-joe", "sender": "gm", "time": 0})
+        jobs = [job for job in await bus.read_jobs(10, 1000) if job.room == room]
+        job: Job = jobs[0]
+        utt = Utterance(job=job, slices=SliceBuffer(asyncio.get_running_loop()))
+        utt.slices.extend([np.full(SLICE_SAMPLES, 1000, dtype=np.int16)] * 3)
+        utt.error = error
+        utt.slices.close()
+        result = await publish_utterance(bus, utt, RoomClock(), lead_ms=120, order_wait_ms=1000,
+                                         voice_name="en-joe", paced=False)
+        entries: Any = await raw.xrange(keys.room_output(room))
+        items = client_items([[entry_id, [x for kv in fields.items() for x in kv]] for entry_id, fields in entries],
+                             CODEC_PCM16)
+        texts = [json.loads(item) for item in items if isinstance(item, str)]
+        assert [m["type"] for m in texts] == ["start", "end"]
+        assert sum(isinstance(item, bytes) for item in items) == 3
+        start, end = texts
+        assert start == {**start_message(1, sender="gm", voice="en-joe", text="Night falls.",
+                                         pts_ms=start["pts_ms"])}
+        assert end == end_message(1, chunks=3, duration_ms=120.0, error=error)
+        assert result.status == end["status"] == ("failed" if error else "ok")
+        if error:
+            assert (end["code"], end["error"]) == (ErrorCode.SYNTHESIS_FAILED, error)
+    finally:
+        await bus.close()
+        await raw.aclose()
+        await r.aclose()
+
+
+def test_marks_reach_clients_in_stream_order_and_are_never_a_resume_position() -> None:
+    start = entry_fields(start_message(9, sender="gm", voice="v", text="Night falls.", pts_ms=1000.0))
+    marks = entry_fields(marks_message(9, [{"text": "Night", "start_ms": 1000.0, "end_ms": 1300.0, "offset": 0,
+                                            "length": 5}]))
+    end = entry_fields(end_message(9, chunks=1, duration_ms=40.0), room_end_ms=1040.0)
+    stream = [start, marks, chunk_fields(9, 0, b"VX-frame"), end]
+    raw = [[f"{i}-0".encode(), [x for kv in as_redis_returns(e).items() for x in kv]] for i, e in enumerate(stream)]
+    items = client_items(raw, CODEC_PCM16)
+    assert [json.loads(i)["type"] if isinstance(i, str) else i for i in items] == ["start", "marks", b"VX-frame",
+                                                                                   "end"]
+    for point in (ResumePoint(9, -1), ResumePoint(9, 0), ResumePoint(9, -1, has_end=True)):
+        assert not stop_here(point, as_redis_returns(marks))

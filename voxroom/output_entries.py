@@ -1,0 +1,95 @@
+"""A room's output stream, sans I/O: the entries workers append and gateways turn into client messages.
+
+One entry per ``start``, ``marks`` and ``end`` message and one per audio slice (``chunk``), in the
+order clients get them. Workers build entries only from the messages of :mod:`voxroom.protocol`
+(:func:`entry_fields`), and gateways turn them back into those messages (:func:`control_from_entry`),
+so a field exists on the wire exactly when the protocol declares it. Every entry has ``kind`` and
+``seq`` (the utterance). Field names are those of the first protocol 1 workers, so gateways read
+entries written before and after an upgrade alike. Control entries hold the message's fields,
+renamed where noted::
+
+    start  seq, sender, voice, text, pts_ms, rate (the sample rate), restart (1, only when true)
+    marks  seq, words (the message's ``words``, compact JSON)
+    end    seq, chunks, duration_ms, status, code and error (only when failed), pts_ms (where the
+           room's audio now ends: for ``voxroom rooms``; clients do not get it)
+    chunk  seq, chunk, frame (the binary audio frame), opus (the same slice Opus-encoded; optional)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+from voxroom.protocol import END_STATUSES, ROOM_RATE, End, ErrorCode, Marks, Start
+
+EntryFields = dict[str, str | int | bytes]
+"""An entry as written (redis-py ``XADD`` fields, or the publish script's field pairs)."""
+ControlMessage = Start | Marks | End
+
+
+def entry_fields(msg: ControlMessage, *, room_end_ms: float | None = None) -> EntryFields:
+    """The output-stream entry of a control message. ``room_end_ms`` is for an ``end`` only."""
+    if msg["type"] == "start":
+        fields: EntryFields = {"kind": "start", "seq": msg["utterance"], "sender": msg["sender"],
+                               "voice": msg["voice"], "text": msg["text"], "pts_ms": f"{msg['pts_ms']:.3f}",
+                               "rate": msg["sample_rate"]}
+        if msg.get("restart"):
+            fields["restart"] = 1
+        return fields
+    if msg["type"] == "marks":
+        return {"kind": "marks", "seq": msg["utterance"],
+                "words": json.dumps(msg["words"], ensure_ascii=False, separators=(",", ":"))}
+    fields = {"kind": "end", "seq": msg["utterance"], "chunks": msg["chunks"],
+              "duration_ms": f"{msg['duration_ms']:.1f}", "status": msg["status"]}
+    if "code" in msg:
+        fields["code"] = msg["code"]
+    if "error" in msg:
+        fields["error"] = msg["error"]
+    if room_end_ms is not None:
+        fields["pts_ms"] = f"{room_end_ms:.3f}"
+    return fields
+
+
+def chunk_fields(seq: int, chunk: int, frame: bytes, opus: bytes | None = None) -> EntryFields:
+    """The entry of one audio slice: its encoded :class:`voxroom.protocol.AudioFrame`, and
+    optionally the same slice as an Opus frame (gateways pick per client)."""
+    fields: EntryFields = {"kind": "chunk", "seq": seq, "chunk": chunk, "frame": frame}
+    if opus is not None:
+        fields["opus"] = opus
+    return fields
+
+
+def control_from_entry(fields: Mapping[bytes, bytes]) -> ControlMessage | None:
+    """The client message of an entry as Redis returns it (raw bytes), or ``None`` for an entry
+    that is none (a ``chunk``, a kind this gateway does not know yet). Missing fields take the
+    values the first workers implied. Raises ``ValueError`` for a malformed control entry."""
+    kind = fields.get(b"kind")
+    try:
+        if kind == b"start":
+            start: Start = {
+                "type": "start", "utterance": int(fields[b"seq"]), "sender": fields.get(b"sender", b"").decode(),
+                "voice": fields.get(b"voice", b"").decode(), "text": fields.get(b"text", b"").decode(),
+                "pts_ms": float(fields.get(b"pts_ms", b"0")), "sample_rate": int(fields.get(b"rate", ROOM_RATE))}
+            if fields.get(b"restart"):
+                start["restart"] = True
+            return start
+        if kind == b"end":
+            status = fields.get(b"status", b"ok").decode()
+            if status not in END_STATUSES:
+                raise ValueError(f"end status {status!r}")
+            end: End = {"type": "end", "utterance": int(fields[b"seq"]), "chunks": int(fields.get(b"chunks", b"0")),
+                        "duration_ms": float(fields.get(b"duration_ms", b"0")),
+                        "status": "failed" if status == "failed" else "ok"}
+            if end["status"] == "failed":
+                # Entries of workers from before ``code`` carry only ``error``.
+                end["code"] = fields.get(b"code", ErrorCode.SYNTHESIS_FAILED.encode()).decode()
+                end["error"] = fields.get(b"error", b"").decode()
+            return end
+        if kind == b"marks":
+            words = json.loads(fields[b"words"])
+            if not isinstance(words, list):
+                raise ValueError("marks 'words' is not a list")
+            return {"type": "marks", "utterance": int(fields[b"seq"]), "words": words}
+    except (KeyError, UnicodeDecodeError) as exc:
+        raise ValueError(f"malformed {kind!r} entry: {exc!r}") from None
+    return None
