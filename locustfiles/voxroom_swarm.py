@@ -20,7 +20,7 @@ name                           one sample per ... (response time in ms)
                                stall in ms (the count is the number of underruns)
 ``error <code>``               failure: an ``error`` message from the server, by code
 ``closed <code>``              failure: the server closed the connection, by close code
-``utterance <status>``         failure: an ``end`` with status ``failed`` or ``skipped``; a timeout
+``utterance <status>``         failure: an ``end`` with status ``failed``; a timeout
 =============================  ===========================================================================
 
 Runs under gevent (Locust monkey-patches the socket module), with the synchronous websocket-client:

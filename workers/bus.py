@@ -262,6 +262,8 @@ class WorkerBus:
         await self.auto.aclose()
         await self._reads.aclose()
         await self.raw.aclose()
+        # A Redis given its pool leaves it open on aclose(): this pool is ours alone.
+        await self.raw.connection_pool.disconnect()
 
     async def skip_to(self, job: Job) -> None:
         """Let ``job`` play even though an earlier utterance never finished (it waited too long).
