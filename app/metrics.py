@@ -1,9 +1,11 @@
 """``GET /metrics``: the gateway's Prometheus endpoint (definitions in ``voxroom/metrics.py``).
 
 Each scrape takes one snapshot of the gateway's state and, in one pipelined round trip, of the
-job queue (``XLEN`` and ``XINFO GROUPS`` on ``vx:jobs``). Worker figures come from the heartbeat
-hashes the worker directory already keeps (refreshed every 2 s), so a scrape adds no per-worker
-Redis reads. When Redis is unreachable the scrape still answers, with ``voxroom_redis_up 0``.
+job queue (``XLEN`` and ``XINFO GROUPS`` on ``vx:jobs``). Of the workers it exports only how many
+this gateway sees alive (the directory's heartbeats, what ``/readyz`` counts): each worker serves
+its own figures on its own ``/metrics`` (workers/metrics.py), so a cluster-wide scrape counts
+each worker once, not once per gateway. When Redis is unreachable the scrape still answers, with
+``voxroom_redis_up 0``.
 """
 
 from __future__ import annotations

@@ -27,7 +27,8 @@ log = logging.getLogger("voxroom.cli")
 def _settings(args: argparse.Namespace) -> Settings:
     settings = Settings.from_env()
     changes: dict[str, Any] = {}
-    for name in ("host", "port", "engine", "cpu_contexts", "redis_url", "chattts_dir", "voices_path"):
+    for name in ("host", "port", "engine", "cpu_contexts", "redis_url", "chattts_dir", "voices_path",
+                 "worker_metrics_port"):
         value = getattr(args, name, None)
         if value is not None:
             changes[name] = value
@@ -207,6 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker = sub.add_parser("worker", help="a synthesis worker only (needs REDIS_URL)")
     common(worker)
     worker_opts(worker)
+    worker.add_argument("--metrics-port", dest="worker_metrics_port", type=int,
+                        help="this worker's Prometheus /metrics port (default $VOXROOM_WORKER_METRICS_PORT "
+                             "or 9464; 0: off); one per worker on a host")
     worker.set_defaults(func=cmd_worker)
     token = sub.add_parser("token", help="mint a signed room token (JWT, HS256)")
     token.add_argument("--room", required=True, help="a room id, or * for every room")

@@ -5,13 +5,14 @@ Two kinds of figures:
 - **Events the gateway sees** (time to first audio, errors by code, refused connections) are
   ordinary counters and histograms updated where they happen, with one-line calls.
 - **State** (connections, rooms, per-client queues, slices sent and dropped, the job queue, and
-  every worker's heartbeat) is read at scrape time by :class:`GatewayCollector` from a
-  :class:`GatewaySnapshot`, so the fan-out hot path never touches a metric object.
+  how many workers this gateway sees alive) is read at scrape time by :class:`GatewayCollector`
+  from a :class:`GatewaySnapshot`, so the fan-out hot path never touches a metric object.
 
-Workers have no HTTP port of their own: each worker writes its figures into its heartbeat hash
-(``vx:worker:{id}``, see :func:`context_fields`) and every gateway re-exports the live ones with a
-``worker`` label. With several gateways, every gateway exports the same worker series: aggregate
-them with ``max by (worker, context)``, never ``sum``.
+Workers serve their own ``/metrics`` (workers/metrics.py): their time to first audio by stage,
+contexts, cache and loops. A gateway no longer re-exports them from heartbeats (with N gateways a
+cluster-wide scrape counted every worker N times); it exports only what it knows itself, such as
+``voxroom_workers_alive``, the live heartbeats its ``/readyz`` counts. The heartbeat hash
+(``vx:worker:{id}``, :func:`context_fields`) still carries the figures, for ``voxroom rooms``.
 """
 
 from __future__ import annotations
@@ -138,14 +139,6 @@ class GatewaySnapshot:
     jobs_pending: int | None = None
     jobs_lag: int | None = None
     workers: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
-    now_ms: float = field(default_factory=lambda: time.time() * 1000.0)
-
-
-def _num(raw: str | None) -> float | None:
-    try:
-        return float(raw) if raw is not None else None
-    except ValueError:
-        return None
 
 
 class GatewayCollector:
@@ -190,72 +183,8 @@ class GatewayCollector:
                         s.jobs_pending)
         if s.jobs_lag is not None:
             yield gauge("voxroom_jobs_lag", "Utterances no worker has read yet (XINFO GROUPS lag).", s.jobs_lag)
-        yield from _worker_families(s.workers, s.now_ms)
-
-
-_WORKER_FIGURES = {
-    "load": ("voxroom_worker_load", "Utterances queued or in flight on the worker (heartbeat)."),
-    "free": ("voxroom_worker_free", "Free places in the worker's context pool (heartbeat)."),
-    "rtf": ("voxroom_worker_rtf", "Worker real-time factor, synthesis time / audio time (heartbeat)."),
-}
-_WORKER_COUNTERS = {  # the audio cache (workers/cache.py): hit rate = hits / (hits + misses)
-    "cache.hits": ("voxroom_cache_hits", "Utterances published from the audio cache (LRU or Redis)."),
-    "cache.lru_hits": ("voxroom_cache_lru_hits", "Cache hits answered by the worker's in-process LRU."),
-    "cache.misses": ("voxroom_cache_misses", "Utterances looked up in the audio cache and synthesized."),
-    "cache.errors": ("voxroom_cache_errors", "Audio cache lookups or stores that failed on Redis."),
-    "cache.stores": ("voxroom_cache_stores", "Utterances written to the audio cache."),
-    "cache.bytes_served": ("voxroom_cache_served_bytes", "PCM bytes published from the audio cache."),
-    "cache.bytes_stored": ("voxroom_cache_stored_bytes", "PCM bytes written to the audio cache."),
-    "cache.dropped_stores": ("voxroom_cache_dropped_stores",
-                             "Cache stores given up because the store queue (256) was full."),
-}
-_CONTEXT_FIGURES = {
-    "rtf": ("voxroom_context_rtf", "Real-time factor of one synthesis context since it started (heartbeat)."),
-    "load": ("voxroom_context_load", "Utterances queued or in flight on one context (heartbeat)."),
-    "active": ("voxroom_context_active", "Utterances between start of synthesis and end of publishing."),
-}
-
-
-def _worker_families(workers: Mapping[str, Mapping[str, str]], now_ms: float) -> Iterator[Metric]:
-    up = GaugeMetricFamily("voxroom_worker_up", "1 for every worker whose heartbeat key is alive.",
-                           labels=["worker", "engines"])
-    age = GaugeMetricFamily("voxroom_worker_heartbeat_age_seconds", "Seconds since the worker's last heartbeat.",
-                            labels=["worker"])
-    published = CounterMetricFamily("voxroom_worker_published", "Utterances the worker published.",
-                                    labels=["worker"])
-    figures = {k: GaugeMetricFamily(n, d, labels=["worker"]) for k, (n, d) in _WORKER_FIGURES.items()}
-    counters = {k: CounterMetricFamily(n, d, labels=["worker"]) for k, (n, d) in _WORKER_COUNTERS.items()}
-    contexts = {k: GaugeMetricFamily(n, d, labels=["worker", "context", "device"])
-                for k, (n, d) in _CONTEXT_FIGURES.items()}
-    for worker, hb in sorted(workers.items()):
-        up.add_metric([worker, hb.get("engines", "")], 1.0)
-        sent_ms = _num(hb.get("time_ms"))
-        if sent_ms is not None:
-            age.add_metric([worker], max(0.0, (now_ms - sent_ms) / 1000.0))
-        count = _num(hb.get("published"))
-        if count is not None:
-            published.add_metric([worker], count)
-        for key, family in figures.items():
-            value = _num(hb.get(key))
-            if value is not None:
-                family.add_metric([worker], value)
-        for key, counter in counters.items():
-            value = _num(hb.get(key))
-            if value is not None:
-                counter.add_metric([worker], value)
-        for name, raw in hb.items():
-            if not name.startswith("ctx."):
-                continue
-            ctx, _, figure = name[len("ctx."):].rpartition(".")
-            value = _num(raw)
-            if figure in contexts and value is not None:
-                contexts[figure].add_metric([worker, ctx, hb.get(f"ctx.{ctx}.device", "")], value)
-    yield up
-    yield age
-    yield published
-    yield from figures.values()
-    yield from counters.values()
-    yield from contexts.values()
+        yield gauge("voxroom_workers_alive", "Workers whose heartbeat this gateway sees alive in Redis "
+                    "(what /readyz counts; each worker's own figures are on its own /metrics).", len(s.workers))
 
 
 COLLECTOR = GatewayCollector()

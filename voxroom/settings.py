@@ -126,6 +126,9 @@ class Settings:
     chattts_max_batch: int = 8
     chattts_interpolation_steps: int = 5
     """Pieces over which a voice switch moves from the old embedding to the new one."""
+    chattts_switch_lines: int = 3
+    """Lines of a room over which a voice switch moves from the old voice to the new one (the
+    gateway numbers them; 1: within the line that switches). docs/chattts.md, "Voice switches"."""
     chattts_fade_ms: float = 80.0
     """Fade at every audio boundary of a piece (no clicks at joins or voice switches)."""
     chattts_seed: int = 0
@@ -144,6 +147,13 @@ class Settings:
     synthetic_continuous: bool = False
     """Benchmark engine only, with max_batch > 1: rows join the running batch at any moment
     (continuous batching) instead of after a batch window."""
+    worker_metrics_port: int = 9464
+    """Each worker process serves its own Prometheus ``GET /metrics`` on this port; 0 turns it off.
+    Several workers on one host need one port each (a port it cannot bind is logged and the worker
+    runs without metrics). The port bound is in the heartbeat (``metrics_port``)."""
+    worker_metrics_host: str = "127.0.0.1"
+    """Bind address of the worker's ``/metrics``: ``0.0.0.0`` for a Prometheus on another host or
+    container."""
 
     # --- voices, cache and opus (docs/voices.md, docs/api.md) ----------------------------------
     opus_bitrate: int = 24_000

@@ -111,7 +111,8 @@ def build_worker(settings: Settings, redis: Redis, *, catalog: Catalog | None = 
                     room_idle_ttl_s=settings.room_idle_ttl_s,
                     opus_bitrate=settings.opus_bitrate, cache_slots=settings.cache_slots,
                     cache_entry_max_bytes=settings.cache_entry_max_bytes, cache_ttl_s=settings.cache_ttl_s,
-                    cache_lru_entries=settings.cache_lru_entries)
+                    cache_lru_entries=settings.cache_lru_entries,
+                    metrics_port=settings.worker_metrics_port, metrics_host=settings.worker_metrics_host)
     if settings.engine == "auto":
         # auto chose ChatTTS because weights were found; if they do not load, the offline voices
         # still serve (one error line says why) rather than no voice at all.

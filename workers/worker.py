@@ -18,7 +18,9 @@ One asyncio loop per worker process runs, each loop under one :class:`voxroom.su
   for its turn (``voxroom/stream_watcher.py``), instead of one pooled blocking read per waiting utterance.
 - ``cache:stores``: the audio cache's writer, when the cache is on.
 
-Plus one publisher task per utterance in flight. Every loop treats ``REDIS_DOWN`` (connection
+Plus one publisher task per utterance in flight, and, when ``metrics_port`` is set, the
+process's own ``GET /metrics`` (workers/metrics.py, workers/metrics_http.py): an asyncio server on
+this loop, started before anything else and closed last. Every loop treats ``REDIS_DOWN`` (connection
 lost, timeout, ``LOADING``, ``OOM``, ``READONLY``...) as "back off and retry", never as death.
 
 Shutdown order: stop intake, let utterances in flight finish within ``shutdown_timeout_s``, hand
@@ -52,6 +54,8 @@ from workers.bus import OwnershipLost, WorkerBus
 from workers.cache import AudioCache
 from workers.context import Context
 from workers.job import Job, SliceBuffer, Utterance
+from workers.metrics import observe_utterance, stage_seconds, worker_registry
+from workers.metrics_http import MetricsServer
 from workers.pool import ContextPool
 from workers.publisher import PublishResult, publish_utterance
 
@@ -68,7 +72,7 @@ class Worker:
                  resume_window_ms: int = 120_000, room_idle_ttl_s: int = 3600,
                  shutdown_timeout_s: float = 10.0, clock: RoomClock | None = None, opus_bitrate: int = 0,
                  cache_slots: int = 0, cache_entry_max_bytes: int = 480_000, cache_ttl_s: int = 86_400,
-                 cache_lru_entries: int = 64) -> None:
+                 cache_lru_entries: int = 64, metrics_port: int = 0, metrics_host: str = "127.0.0.1") -> None:
         self.id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.redis = redis
         self.bus = WorkerBus(redis, self.id, resume_window_ms=resume_window_ms, room_idle_ttl_s=room_idle_ttl_s)
@@ -99,11 +103,27 @@ class Worker:
                                  ttl_s=cache_ttl_s, lru_entries=cache_lru_entries) if cache_slots > 0 else None)
         for ctx in pool.contexts:
             ctx.cache = self.cache
+        self.metrics = (MetricsServer(worker_registry(self), host=metrics_host, port=metrics_port)
+                        if metrics_port > 0 else None)
+        """This process's ``GET /metrics`` (workers/metrics.py); ``None`` when turned off (port 0)."""
+        self.metrics_port: int | None = None
+        """The port ``/metrics`` listens on once started (in the heartbeat for scrape discovery)."""
 
     def stop(self) -> None:
         self._stopping.set()
 
     async def run(self) -> None:
+        # Metrics first and last: they answer while engines load (minutes for ChatTTS) and while
+        # Redis is unreachable, which is when an operator looks.
+        if self.metrics is not None:
+            self.metrics_port = await self.metrics.start()
+        try:
+            await self._run()
+        finally:
+            if self.metrics is not None:
+                await self.metrics.aclose()
+
+    async def _run(self) -> None:
         await self._ensure_group_patiently()
         for ctx in self.pool.contexts:
             await ctx.load_engines(self.optional_engines)
@@ -279,7 +299,9 @@ class Worker:
             if result.status == "skipped":
                 await self.bus.ack(job)  # finish acks the others, in the same script as their end
             self.published += 1
-            _log_stages(utt, result)
+            stages = stage_seconds(utt, result.first_slice_ms)
+            observe_utterance(self._engine_of(job.voice), utt, result, stages)
+            _log_stages(utt, result, stages)
         except OwnershipLost:
             self._lost(utt)
         except REDIS_DOWN as exc:
@@ -293,6 +315,10 @@ class Worker:
             self._owner.pop(job.entry_id, None)
             if ctx is not None:
                 ctx.release(utt)
+
+    def _engine_of(self, voice_id: str) -> str:
+        voice = self.catalog.get(voice_id) if voice_id in self.catalog else None
+        return voice.engine if voice is not None else "none"
 
     def _lost(self, utt: Utterance) -> None:
         """Another worker owns ``utt``'s job now: stop its synthesis, write nothing more."""
@@ -325,6 +351,7 @@ class Worker:
             "loops_down": ",".join(self.supervisor.down()), "loop_restarts": self.supervisor.restarts(),
             **context_fields(self.pool.contexts),
             **(self.cache.stats.fields() if self.cache is not None else {}),
+            **({"metrics_port": self.metrics_port} if self.metrics_port is not None else {}),
         }
 
     async def _keep_claimed(self) -> None:
@@ -345,25 +372,21 @@ class Worker:
                     publisher.cancel()  # its finally gives the context slot back
 
 
-def _log_stages(utt: Utterance, result: PublishResult) -> None:
-    """One line per utterance with where its time to first audio went: the gateway's accept to
-    this worker's read, the read to the engine's call (context queue, cache lookup, hand-off), the
-    engine's own first chunk, and the first chunk to the first slice published. The first is
-    against the gateway's whole-millisecond stamp; the others are this process's clock."""
-    job, first_slice_ms = utt.job, result.first_slice_ms
+def _log_stages(utt: Utterance, result: PublishResult, stages: dict[str, float | None]) -> None:
+    """One line per utterance with where its time to first audio went (the same figures as the
+    ``voxroom_worker_first_audio_stage_seconds`` histograms, workers/metrics.py): the gateway's
+    accept to this worker's read, the read to the engine's call (context queue, cache lookup,
+    hand-off), the engine's own first chunk, and the first chunk to the first slice published."""
+    job = utt.job
 
-    def ms(value: float | None) -> str:
-        return f"{value:.1f}" if value is not None else "-"
+    def ms(stage: str) -> str:
+        value = stages[stage]
+        return f"{value * 1000.0:.1f}" if value is not None else "-"
 
-    started, chunk = utt.synth_started_ms, utt.engine_first_chunk_ms
-    ttfa = first_slice_ms - job.time_ms if first_slice_ms else None
-    read = utt.read_ms - job.time_ms if utt.read_ms else None
-    to_engine = started - utt.read_ms if started and utt.read_ms else None
-    to_published = (first_slice_ms - started - chunk if first_slice_ms and started and chunk is not None
-                    else None)
     log.info("room %s utterance %d %s: %d slices, time to first audio %s ms (read %s, to engine %s, engine "
              "first chunk %s, to published %s), %d late shifts", job.room, job.seq, result.status, result.chunks,
-             ms(ttfa), ms(read), ms(to_engine), ms(chunk), ms(to_published), result.late_shifts)
+             ms("total"), ms("read"), ms("to_engine"), ms("engine_first_chunk"), ms("to_published"),
+             result.late_shifts)
 
 
 def _rtf(pool: ContextPool) -> float:

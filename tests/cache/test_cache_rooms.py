@@ -62,14 +62,21 @@ async def test_a_repeated_line_is_served_from_the_cache_identical_and_without_th
     assert synthesized_seconds(second) == synthesized_seconds(first)
 
 
-async def test_hits_and_bytes_are_in_the_gateway_metrics(stack: Stack, room: str) -> None:
+async def test_hits_and_bytes_are_in_the_workers_metrics(stack: Stack, room: str) -> None:
+    """On the worker's own ``/metrics`` (workers/metrics.py), found through its heartbeat."""
     text = f"The hunter takes aim {random.randint(1000, 9999)} times."
     async with RoomClient(stack.port, room) as client:
         for _ in range(2):
             await client.say(text, voice="en-espeak")
         await client.wait_ends(2)
+    redis = Redis.from_url(stack.redis_url, decode_responses=True)
+    try:
+        beats = [await redis.hgetall(key) async for key in redis.scan_iter(match=keys.worker_pattern())]
+    finally:
+        await redis.aclose()
+    port = next(int(b["metrics_port"]) for b in beats if b.get("pid") == str(stack.worker.pid))
     deadline = time.monotonic() + 8
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{stack.port}") as http:
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
         while True:
             families = {f.name: f for f in text_string_to_metric_families((await http.get("/metrics")).text)}
             hits = sum(s.value for s in families["voxroom_cache_hits"].samples) if "voxroom_cache_hits" in families \

@@ -48,9 +48,10 @@ async def test_metrics_follow_a_speaking_room(ops_stack: OpsStack, room: str) ->
     assert value(after, "voxroom_slices_dropped_total") == value(before, "voxroom_slices_dropped_total")
     assert value(after, "voxroom_jobs_pending") >= 0
     assert value(after, "voxroom_redis_up") == 1
-    # Worker figures come from the heartbeat hashes: one live worker with four contexts.
-    assert value(after, "voxroom_worker_up", 'engines="synthetic"') == 1
-    contexts = re.findall(r'^voxroom_context_rtf\{.*context="cpu#\d".*$', after, flags=re.M)
-    assert len(contexts) == 4, after
-    assert value(after, "voxroom_worker_heartbeat_age_seconds") < 10
+    # Of the workers, only what this gateway sees (the live heartbeats /readyz counts). Their own
+    # figures are on their own /metrics (tests/ops/test_worker_metrics.py): re-exported here, a
+    # cluster-wide scrape counted every worker once per gateway.
+    assert value(after, "voxroom_workers_alive") == 1
+    reexported = re.findall(r"^voxroom_(?:worker|context|cache)_\w+", after, flags=re.M)
+    assert not reexported, reexported
     assert value(after, "process_resident_memory_bytes") > 0

@@ -25,21 +25,20 @@ def test_a_late_slice_is_one_stall_then_the_buffer_refills() -> None:
     assert underruns(arrivals) == [300.0]
 
 
-def test_worker_heartbeats_become_labelled_series() -> None:
+def test_the_gateway_counts_live_workers_and_re_exports_none_of_their_figures() -> None:
     heartbeat = {"engines": "chattts,espeak", "load": "3", "free": "5", "rtf": "0.210", "published": "42",
                  "time_ms": "1000", "ctx.cuda:0#0.rtf": "0.2000", "ctx.cuda:0#0.load": "2",
-                 "ctx.cuda:0#0.active": "1", "ctx.cuda:0#0.device": "cuda:0", "ctx.cuda:1#1.rtf": "bogus"}
+                 "ctx.cuda:0#0.active": "1", "ctx.cuda:0#0.device": "cuda:0", "cache.hits": "7"}
     collector = metrics.GatewayCollector()
-    collector.snapshot = metrics.GatewaySnapshot(gateway="gw1", connections=7, workers={"w1": heartbeat},
-                                                 now_ms=3500.0, jobs_lag=None)
+    collector.snapshot = metrics.GatewaySnapshot(gateway="gw1", connections=7,
+                                                 workers={"w1": heartbeat, "w2": {}}, jobs_lag=None)
     registry = CollectorRegistry()
     registry.register(collector)
     text = generate_latest(registry).decode()
-    assert 'voxroom_worker_up{engines="chattts,espeak",worker="w1"} 1.0' in text
-    assert 'voxroom_worker_heartbeat_age_seconds{worker="w1"} 2.5' in text
-    assert 'voxroom_worker_published_total{worker="w1"} 42.0' in text
-    assert 'voxroom_context_rtf{context="cuda:0#0",device="cuda:0",worker="w1"} 0.2' in text
-    assert "cuda:1#1" not in text  # an unparsable figure is left out, not exported as garbage
+    assert 'voxroom_workers_alive{gateway="gw1"} 2.0' in text
+    # Each worker serves its own figures (workers/metrics.py); a gateway re-exporting them made a
+    # cluster-wide scrape count every worker once per gateway.
+    assert "voxroom_worker_" not in text and "voxroom_context_" not in text and "voxroom_cache_" not in text
     assert 'voxroom_connections{gateway="gw1"} 7.0' in text
     assert "voxroom_jobs_lag" not in text  # unknown (Redis 6) is absent, not zero
 

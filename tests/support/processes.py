@@ -99,6 +99,9 @@ def start_gateway(redis_url: str, log_dir: Path, *, port: int | None = None, ins
 
 def start_worker(redis_url: str, log_dir: Path, *, engine: str = "offline", contexts: int = 1,
                  name: str = "worker", **env: str) -> Proc:
+    """A worker process, ready. Its ``/metrics`` listens on a free port unless ``env`` names one
+    (``VOXROOM_WORKER_METRICS_PORT``; 0 turns it off): the heartbeat's ``metrics_port`` says which."""
+    env.setdefault("VOXROOM_WORKER_METRICS_PORT", str(free_port()))
     proc = Proc([sys.executable, "-m", "voxroom", "worker", "--engine", engine, "--contexts", str(contexts)],
                 base_env(redis_url, **env), log_dir / f"{name}-{time.monotonic_ns()}.log")
     deadline = time.monotonic() + 60
