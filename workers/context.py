@@ -18,30 +18,30 @@ Bounds (and what happens past them):
   for: when the slots are all held by lines waiting for their turn, and their predecessors can
   only be adopted into this same pool, refusing them would hold every one of those rooms until
   ``order_wait_ms`` skips past the lost line.
+
+A context owns its slots, its queue and what it is playing; the work is done by one module per
+job: ``workers/batching.py`` (windowed batches), ``workers/rows.py`` (continuous engines' serving
+threads), ``workers/cached.py`` (the audio cache, and its race with a continuous engine) and
+``workers/rowaudio.py`` (a row's slices, the length cut, its end and the audio it counts).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import queue
-import threading
-import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeGuard
-
-import numpy as np
 
 from voxroom.errors import EngineError
 from voxroom.protocol import SLICE_MS
 from voxroom.voices import Catalog
-from workers.cache import AudioCache, fingerprint, to_slices
-from workers.engines.base import BatchEngine, ContinuousEngine, Engine, SynthesisRequest
+from workers import batching
+from workers.cache import AudioCache
+from workers.cached import CachedAudio, fingerprint_of
+from workers.engines.base import ContinuousEngine, Engine, SynthesisRequest
 from workers.job import MAX_UTTERANCE_SLICES, Utterance
 from workers.jobqueue import JobQueue
-from workers.slicer import Slice, Slicer
+from workers.rows import ContinuousRows, continuous
 
 log = logging.getLogger("voxroom.worker.context")
 
@@ -71,19 +71,23 @@ class Context:
         self._slots = asyncio.Semaphore(inflight)
         self.synth_seconds = 0.0
         self.audio_seconds = 0.0
-        self._continuous: dict[str, tuple[queue.SimpleQueue[Utterance | None], threading.Thread]] = {}
-        """Continuous engines' inboxes and serving threads, by engine name. A thread removes its
-        own entry (under ``_continuous_lock``) before it fails what is left in its inbox, and
-        ``_admit`` puts under the same lock: a line is either in a live thread's inbox or in the
-        drain of a dying one, never in the inbox of a thread that is gone."""
-        self._continuous_lock = threading.Lock()
+        """The RTF figures (``workers/rowaudio.py``, ``Meter``): this context is their meter."""
+        self._cached = CachedAudio(name, self._fingerprint)
+        self._rows = ContinuousRows(name, self._request, self._cached, self, max_slices=self.max_slices)
         self._admitting: set[asyncio.Task[None]] = set()
         """Jobs for a continuous engine between the queue and the engine (at most ``inflight``)."""
-        self.cache: AudioCache | None = None
-        """Set by the worker; a hit is published without touching the engine (workers/cache.py)."""
         self.on_free: Callable[[], None] = _nothing
         """Called when room opens here (a job left the queue, or finished publishing); the pool
         sets it to wake the worker's intake."""
+
+    @property
+    def cache(self) -> AudioCache | None:
+        """Set by the worker; a hit is published without touching the engine (workers/cached.py)."""
+        return self._cached.cache
+
+    @cache.setter
+    def cache(self, cache: AudioCache | None) -> None:
+        self._cached.cache = cache
 
     @property
     def load(self) -> int:
@@ -127,7 +131,10 @@ class Context:
                 raise
             self._taken(first)
             engine = self._engine_for(first)
-            if _continuous(engine):
+            if engine is None:
+                self._unserved(first, on_started)
+                continue
+            if continuous(engine):
                 # One runner takes every room a GPU serves: each job's cache lookup and hand-off
                 # run beside the next jobs' instead of one after the other (100 lookups in a row
                 # were 8 ms before the last room's engine started).
@@ -136,12 +143,13 @@ class Context:
                 self._admitting.add(task)
                 task.add_done_callback(self._admitting.discard)
                 continue
-            if await self._serve_cached(first, on_started):
+            if await self._cached.serve(engine, first, on_started):
                 continue
             batch = [first]
-            if _batches(engine):
-                batch += [u for u in await self._gather_batch(engine, first)
-                          if not await self._serve_cached(u, on_started)]
+            if batching.batches(engine):
+                more = await batching.gather(engine, self.queue, self._slots, self.batch_window_s,
+                                             self._engine_for, self._taken)
+                batch += [u for u in more if not await self._cached.serve(engine, u, on_started)]
             for utt in batch:
                 on_started(utt)
             future = loop.run_in_executor(self._executor, self._synthesize, engine, batch)
@@ -149,193 +157,40 @@ class Context:
             # slot is given back when publishing ends (see ``release``).
             await asyncio.wait([future])
             exc = future.exception()
-            if exc is not None:  # _synthesize catches engine errors; this is a bug, keep serving
+            if exc is not None:  # synthesize catches engine errors; this is a bug, keep serving
                 log.error("context %s synthesis crashed", self.name, exc_info=exc)
-            elif self.cache is not None:
-                self._store(engine, batch, future.result())
+                continue
+            for utt, pcm in zip(batch, future.result(), strict=True):
+                self._cached.store(engine, utt, pcm)
 
-    # -- continuous engines ----------------------------------------------------------------------
+    def _synthesize(self, engine: Engine, batch: list[Utterance]) -> list[bytes | None]:
+        """On the context thread."""
+        return batching.synthesize(self.name, engine, batch, self._request, keep=self.cache is not None,
+                                   max_slices=self.max_slices, meter=self)
 
     async def _start_continuous(self, engine: ContinuousEngine, utt: Utterance,
                                 on_started: Callable[[Utterance], None]) -> None:
-        """Start the line in the engine at once and look it up in the audio cache meanwhile. A
-        miss (the usual case) then costs no round trip before the engine starts (100 rooms in a
-        burst: 13.9 ms median added latency vs 15.0 with the lookup in front, two alternating
-        runs each); a hit claims the line before the engine's first chunk (a lookup takes a
-        fraction of a millisecond, a first chunk tens) and stops the engine's row."""
+        """Start the line in the engine at once and look it up in the audio cache meanwhile
+        (``CachedAudio.race``)."""
         on_started(utt)
-        self._admit(engine, utt)
-        if self.cache is None:
-            return
-        pcm = await self._lookup(engine, utt)
-        if pcm is None or not utt.claim("cache"):
-            return  # a miss, or the engine's audio already began: that plays, whole
-        utt.cancel.set()  # the engine drops the row at its next step (see _finish_row)
-        self._serve_pcm(utt, pcm)
+        self._rows.admit(engine, utt)
+        await self._cached.race(engine, utt)
 
-    def _admit(self, engine: ContinuousEngine, utt: Utterance) -> None:
-        """Hand ``utt`` to the engine's serving thread (started on first use): it joins the
-        running batch at the engine's next step. No await: the runner takes the next job at once."""
-        with self._continuous_lock:
-            served = self._continuous.get(engine.name)
-            if served is None:
-                inbox: queue.SimpleQueue[Utterance | None] = queue.SimpleQueue()
-                thread = threading.Thread(target=self._serve_continuous,
-                                          args=(engine, inbox, asyncio.get_running_loop()),
-                                          name=f"vx-{self.name}-{engine.name}", daemon=True)
-                served = (inbox, thread)
-                self._continuous[engine.name] = served
-                thread.start()
-            served[0].put(utt)
-        # Let the engine's thread take the GIL now (sleep releases it): it starts this row's clock
-        # at once instead of when the loop next blocks, after every other line of the burst. The
-        # rows' first chunks then come as spread out as their lines arrived, and the loop
-        # publishes each while the next is computed, instead of 100 in one clump (a burst of 100
-        # rooms: 16 ms median added latency instead of 19, three alternating runs each).
-        time.sleep(0)
-
-    def _serve_continuous(self, engine: ContinuousEngine, inbox: queue.SimpleQueue[Utterance | None],
-                          loop: asyncio.AbstractEventLoop) -> None:
-        """The engine's thread for as long as the context lives: one call to
-        ``stream_continuous``, rows coming in through ``inbox``, each row sliced as it would be in
-        :meth:`_synthesize`. (Its synthesis time is not added to the context's RTF figure: rows
-        overlap, so per-row wall time would overstate it.)"""
-        rows: dict[Hashable, tuple[Utterance, Slicer, list[Slice] | None, float]] = {}
-
-        def admit(timeout: float | None) -> list[tuple[Hashable, SynthesisRequest, threading.Event]] | None:
-            taken: list[Utterance | None] = []
-            try:
-                taken.append(inbox.get(timeout=timeout) if timeout != 0 else inbox.get_nowait())
-                while True:
-                    taken.append(inbox.get_nowait())
-            except queue.Empty:
-                pass
-            admitted: list[tuple[Hashable, SynthesisRequest, threading.Event]] = []
-            for utt in taken:
-                if utt is None:
-                    return None
-                utt.synth_started_ms = time.time() * 1000.0
-                key = utt.job.entry_id
-                rows[key] = (utt, Slicer(engine.sample_rate), [] if self.cache is not None else None,
-                             time.perf_counter())
-                admitted.append((key, self._request(utt), utt.cancel))
-            return admitted
-
-        try:
-            for key, pcm in engine.stream_continuous(admit):
-                row = rows.get(key)
-                if row is None:
-                    continue
-                utt, slicer, kept, started = row
-                if pcm is not None:
-                    self._feed(utt, slicer, pcm, started, kept)
-                    continue
-                del rows[key]
-                self._finish_row(engine, utt, slicer, kept, loop)
-        except Exception as exc:  # the engine failed: its rows fail, the next job starts it again
-            log.exception("context %s: engine %s failed", self.name, engine.name)
-            reason = f"{type(exc).__name__}: {exc}"
-            for utt, slicer, kept, _started in rows.values():
-                if utt.claim("engine"):  # a line the cache serves is not failed by the engine
-                    utt.error = reason
-                self._finish_row(engine, utt, slicer, kept, loop)
-        else:
-            reason = "context closed"
-        finally:
-            # Lines handed over but never admitted (the engine failed before asking for them, or
-            # the context closed) end too: this thread is gone, and the next job starts a new one
-            # with a new inbox. Unregistering first, under the lock ``_admit`` puts under, means
-            # no line can land in this inbox after the drain below.
-            with self._continuous_lock:
-                if self._continuous.get(engine.name, (None, None))[0] is inbox:
-                    del self._continuous[engine.name]
-            while True:
-                try:
-                    waiting = inbox.get_nowait()
-                except queue.Empty:
-                    break
-                if waiting is not None and waiting.claim("engine"):
-                    waiting.error = reason
-                    waiting.slices.close()
-
-    def _finish_row(self, engine: Engine, utt: Utterance, slicer: Slicer, kept: list[Slice] | None,
-                    loop: asyncio.AbstractEventLoop) -> None:
-        if not utt.claim("engine"):
-            return  # the audio cache served this line; its slices are closed already
-        if not utt.cancel.is_set() and utt.error is None:
-            tail = slicer.flush()
-            utt.slices.extend(tail)
-            if kept is not None:
-                kept += tail
+    def _unserved(self, utt: Utterance, on_started: Callable[[Utterance], None]) -> None:
+        """A job for an engine this context does not hold (the pool submits only to contexts
+        holding it, so this is a caller's bug, or an engine dropped since): it ends failed, in
+        its turn, and the runner goes on."""
+        voice = self.catalog.get(utt.job.voice) if utt.job.voice in self.catalog else None
+        what = f"voice {utt.job.voice!r}" if voice is None else f"engine {voice.engine!r}"
+        log.error("context %s: no %s for room %s utterance %d; failing it", self.name, what, utt.job.room,
+                  utt.job.seq)
+        on_started(utt)
+        utt.claim("engine")
+        utt.error = f"{what} is not served by context {self.name}"
         utt.slices.close()
-        self.audio_seconds += slicer.total_samples / slicer.out_rate
-        if kept is not None and self.cache is not None:
-            pcm = b"".join(piece.tobytes() for piece in kept)
-            with contextlib.suppress(RuntimeError):  # the loop closed: the worker is gone
-                loop.call_soon_threadsafe(self._store, engine, [utt], [pcm])
 
     def _fingerprint(self, engine: Engine, utt: Utterance) -> str:
-        request = self._request(utt)
-        return fingerprint(engine=engine.name, model_version=str(getattr(engine, "model_version", "")),
-                           engine_rate=engine.sample_rate, voice=request.voice, text=request.text,
-                           previous_voice=request.previous_voice)
-
-    async def _serve_cached(self, utt: Utterance, on_started: Callable[[Utterance], None]) -> bool:
-        """Publish ``utt`` from the audio cache when it is there (its slot is taken and released by
-        the publisher as for fresh audio). ``False``: a miss, synthesize it."""
-        if self.cache is None:
-            return False
-        pcm = await self._lookup(self._engine_for(utt), utt)
-        if pcm is None:
-            return False
-        on_started(utt)
-        utt.claim("cache")  # nothing else started it: always granted
-        self._serve_pcm(utt, pcm)
-        return True
-
-    async def _lookup(self, engine: Engine, utt: Utterance) -> bytes | None:
-        assert self.cache is not None
-        try:
-            return await self.cache.get(self._fingerprint(engine, utt))
-        except Exception:  # a cache bug must cost a synthesis, never the context's runner
-            log.exception("context %s: audio cache lookup failed; synthesizing", self.name)
-            return None
-
-    @staticmethod
-    def _serve_pcm(utt: Utterance, pcm: bytes) -> None:
-        utt.engine_first_chunk_ms = 0.0
-        utt.slices.extend(to_slices(pcm))
-        utt.slices.close()
-
-    def _store(self, engine: Engine, batch: Sequence[Utterance], pcms: list[bytes]) -> None:
-        assert self.cache is not None
-        for utt, pcm in zip(batch, pcms, strict=True):
-            # A failed, cancelled or cut-short utterance is not the line's audio: never cache it.
-            if utt.error is None and not utt.cancel.is_set() and pcm:
-                self.cache.store_later(self._fingerprint(engine, utt), pcm)
-
-    async def _gather_batch(self, engine: Engine, first: Utterance) -> list[Utterance]:
-        """More jobs for the same engine that arrive within the batch window, as many as there
-        are free slots: never a wait on a slot. Slots come back only when publishing ends, and
-        publishing cannot start before this batch is synthesized: with ``inflight`` below the
-        engine's batch, waiting here for a slot hung the context for good."""
-        more: list[Utterance] = []
-        deadline = time.monotonic() + self.batch_window_s
-        while len(more) + 1 < engine.max_batch and not self._slots.locked():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            try:
-                utt = await asyncio.wait_for(self.queue.get(), remaining)
-            except TimeoutError:
-                break
-            if self._engine_for(utt) is not engine:
-                self.queue.put_back(utt)
-                break
-            await self._slots.acquire()  # never waits: not locked, and only this runner acquires
-            self._taken(utt)
-            more.append(utt)
-        return more
+        return fingerprint_of(engine, self._request(utt))
 
     def adopt(self, utt: Utterance) -> bool:
         """Take a job claimed from a dead worker ahead of the queue, with a slot of its own lent
@@ -377,78 +232,19 @@ class Context:
             self._slots.release()
         self.on_free()
 
-    def _engine_for(self, utt: Utterance) -> Engine:
-        voice = self.catalog.get(utt.job.voice)
-        return self.engines[voice.engine]
+    def _engine_for(self, utt: Utterance) -> Engine | None:
+        voice = self.catalog.get(utt.job.voice) if utt.job.voice in self.catalog else None
+        return None if voice is None else self.engines.get(voice.engine)
 
     def _request(self, utt: Utterance) -> SynthesisRequest:
+        """The one place a line's ``SynthesisRequest`` is built (synthesis and cache keys alike)."""
         voice = self.catalog.get(utt.job.voice)
         prev = self.catalog.get(utt.job.prev_voice) if utt.job.prev_voice in self.catalog else None
         return SynthesisRequest(text=utt.job.text, voice=voice, request_id=f"{utt.job.room}/{utt.job.seq}",
                                 previous_voice=prev)
 
-    # -- on the context thread -------------------------------------------------------------------
-
-    def _synthesize(self, engine: Engine, batch: Sequence[Utterance]) -> list[bytes]:
-        """Returns every utterance's PCM when the cache wants it (joined here, off the loop)."""
-        started = time.perf_counter()
-        for utt in batch:
-            utt.synth_started_ms = time.time() * 1000.0
-        slicers = [Slicer(engine.sample_rate) for _ in batch]
-        kept: list[list[Slice]] = [[] for _ in batch]
-        tee = kept if self.cache is not None else None
-        try:
-            if len(batch) > 1 and _batches(engine):
-                chunks = engine.stream_batch([self._request(u) for u in batch], [u.cancel for u in batch])
-                for row, pcm in chunks:
-                    self._feed(batch[row], slicers[row], pcm, started, tee[row] if tee else None)
-            else:
-                for pcm in engine.stream(self._request(batch[0]), batch[0].cancel):
-                    self._feed(batch[0], slicers[0], pcm, started, tee[0] if tee else None)
-        except Exception as exc:  # an engine failure fails its utterances, never the context
-            log.exception("context %s: engine %s failed", self.name, engine.name)
-            for utt in batch:
-                utt.error = f"{type(exc).__name__}: {exc}"
-        finally:
-            for utt, slicer, mine in zip(batch, slicers, kept, strict=True):
-                if not utt.cancel.is_set():
-                    tail = slicer.flush()
-                    utt.slices.extend(tail)
-                    mine += tail
-                utt.slices.close()
-                self.audio_seconds += slicer.total_samples / slicer.out_rate
-            self.synth_seconds += time.perf_counter() - started
-        return [b"".join(s.tobytes() for s in mine) if tee is not None else b"" for mine in kept]
-
-    def _feed(self, utt: Utterance, slicer: Slicer, pcm: object, started: float,
-              tee: list[Slice] | None = None) -> None:
-        if utt.cancel.is_set():
-            return
-        if utt.source != "engine" and not utt.claim("engine"):
-            return  # the audio cache serves this line (the row is being cancelled)
-        if utt.engine_first_chunk_ms is None:
-            utt.engine_first_chunk_ms = (time.perf_counter() - started) * 1000.0
-        pieces = slicer.push(pcm)  # type: ignore[arg-type]
-        room_left = self.max_slices - 1 - utt.slices.produced
-        if len(pieces) > room_left:
-            # Too long (a runaway engine or a hostile line): end here, faded so the cut does not
-            # click, and stop the engine.
-            pieces = pieces[:max(0, room_left) + 1]
-            fade = np.linspace(1.0, 0.0, pieces[-1].size, dtype=np.float32)
-            pieces[-1] = (pieces[-1].astype(np.float32) * fade).astype(np.int16)
-            utt.slices.extend(pieces)
-            utt.cancel.set()
-            log.warning("room %s utterance %d cut at %d slices", utt.job.room, utt.job.seq, self.max_slices)
-            return
-        # One hand-over per engine chunk, not per slice (see SliceBuffer).
-        utt.slices.extend(pieces)
-        if tee is not None:
-            tee += pieces
-
     def close(self) -> None:
-        with self._continuous_lock:
-            for inbox, _thread in self._continuous.values():
-                inbox.put(None)
+        self._rows.close()
         for engine in self.engines.values():
             try:
                 engine.close()
@@ -459,14 +255,3 @@ class Context:
 
 def _nothing() -> None:
     pass
-
-
-def _batches(engine: Engine) -> TypeGuard[BatchEngine]:
-    """A batch engine with room for more than one row. Not ``isinstance(engine, BatchEngine)``
-    per job: a runtime-checked Protocol inspects the class on every call (about 10 µs)."""
-    return getattr(engine, "max_batch", 1) > 1 and callable(getattr(engine, "stream_batch", None))
-
-
-def _continuous(engine: Engine) -> TypeGuard[ContinuousEngine]:
-    """An engine that takes rows while it runs (``continuous`` set and ``max_batch`` > 1)."""
-    return bool(getattr(engine, "continuous", False)) and _batches(engine)

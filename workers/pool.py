@@ -40,6 +40,7 @@ class ContextPool:
                     backlog=backlog, fair=fair)
             for i, device in enumerate(devices)
         ]
+        self.catalog = catalog
         self._served = frozenset(self.engine_names())
         self.freed = asyncio.Event()
         """Set whenever room opens in some context (a job left a queue, or finished publishing):
@@ -77,9 +78,26 @@ class ContextPool:
         """How many jobs claimed from dead workers the pool may take past :meth:`free`."""
         return sum(c.inflight - c.adopted for c in self.contexts)
 
-    def adopt(self, utt: Utterance, engine: str) -> Context | None:
-        """Hand a claimed job to the context holding ``engine`` with the fewest adopted jobs,
-        ahead of its queue (:meth:`Context.adopt`). ``None`` when none may adopt more."""
+    def engine_of(self, utt: Utterance) -> str | None:
+        """The engine ``utt``'s voice speaks through: the one a context will run it on (``None``:
+        a voice this worker does not know)."""
+        voice = utt.job.voice
+        return self.catalog.get(voice).engine if voice in self.catalog else None
+
+    def _engine(self, utt: Utterance, engine: str | None) -> str | None:
+        # The job's voice decides, not the caller's word for it: a context runs a job by its
+        # voice, and one lacking that engine could only fail it.
+        needed = self.engine_of(utt)
+        if engine is not None and engine != needed:
+            log.error("room %s utterance %d: submitted for engine %s, but voice %s speaks through %s",
+                      utt.job.room, utt.job.seq, engine, utt.job.voice, needed)
+        return needed
+
+    def adopt(self, utt: Utterance, engine: str | None = None) -> Context | None:
+        """Hand a claimed job to the context holding its engine with the fewest adopted jobs,
+        ahead of its queue (:meth:`Context.adopt`). ``None`` when none may adopt more, or none
+        holds the engine."""
+        engine = self._engine(utt, engine)
         for ctx in sorted((c for c in self.contexts if engine in c.engines), key=lambda c: c.adopted):
             if ctx.adopt(utt):
                 return ctx
@@ -92,16 +110,22 @@ class ContextPool:
     def load(self) -> int:
         return sum(c.load for c in self.contexts)
 
-    def submit(self, utt: Utterance, engine: str) -> Context | None:
-        """Queue ``utt`` on an idle context that holds ``engine``; else behind its room's lines
+    def submit(self, utt: Utterance, engine: str | None = None) -> Context | None:
+        """Queue ``utt`` on an idle context that holds its engine (:meth:`engine_of`; an
+        ``engine`` given that differs is logged, not followed); else behind its room's lines
         already queued on one; else on the least-loaded one (the first in pool order among
-        equals). ``None`` when none of them has room: never raises. The intake loop reads only what
-        :meth:`free` allows and is the only caller, so ``None`` means the contexts differ in
-        engines (an optional engine failed to load on one); the caller leaves the job in Redis."""
+        equals). ``None`` when none of them has room, or none holds the engine (the caller checks
+        :meth:`serves` first and fails such a job itself): never raises. The intake loop reads
+        only what :meth:`free` allows and is the only caller, so ``None`` otherwise means the
+        contexts differ in engines (an optional engine failed to load on one); the caller leaves
+        the job in Redis."""
         # One pass, stopping at the first idle context: with one context per room of a busy GPU
         # host (or 100 in the benchmark) a scan with a sort key cost more than the job's own start.
         # Otherwise a room's later lines wait on the context that has its earlier ones: spread as
         # first lines over every context, one room's flood would hold them all in turn.
+        engine = self._engine(utt, engine)
+        if engine is None:
+            return None
         best: Context | None = None
         own: Context | None = None
         best_load = 0
