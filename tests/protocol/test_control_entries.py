@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,7 @@ from voxroom.protocol import (
     marks_message,
     start_message,
 )
+from voxroom.redis_server import RedisServer
 from workers.bus import WorkerBus
 from workers.job import Job, SliceBuffer, Utterance
 from workers.publisher import publish_utterance
@@ -95,10 +97,19 @@ def test_chunks_and_unknown_kinds_are_no_control_message_and_bad_entries_are_ref
         assert control_message(bad) is None  # a gateway skips it and keeps serving the room
 
 
+@pytest.fixture(scope="module")
+def own_redis_url() -> Iterator[str]:
+    """A redis-server of this module's own: the suite's shared one has the session stack's worker
+    reading ``vx:jobs``, and it would take the job this test writes."""
+    with RedisServer() as server:
+        yield server.url
+
+
 @pytest.mark.parametrize("error", [None, "ValueError: the engine could not say it"])
-async def test_the_publisher_writes_what_clients_get(redis_url: str, error: str | None) -> None:
+async def test_the_publisher_writes_what_clients_get(own_redis_url: str, error: str | None) -> None:
     """The real publisher against a real redis-server: the client messages of what it wrote are
     the protocol's messages, an error included (before, ``End`` had no ``error`` nor ``code``)."""
+    redis_url = own_redis_url
     r = redis_client.from_url(redis_url, decode_responses=True)
     raw = redis_client.from_url(redis_url)  # entries carry audio: read them as bytes
     bus = WorkerBus(r, f"w-{uuid.uuid4().hex[:6]}")
