@@ -2,9 +2,10 @@
 
 The script dedupes by (sender, client seq), refuses when the room already has too many
 utterances waiting (back-pressure: the client gets ``busy`` with ``retry_after_ms``), gives the
-utterance the room's next sequence number, records the room's voice change, and appends the
-utterance to both the room's log (readable with ``redis-cli``) and the shared job stream. Doing it
-in one script means two gateways can never hand out the same number or enqueue out of order.
+utterance the room's next sequence number, records the room's voice change (and numbers the lines
+of a voice switch spread over several lines), and appends the utterance to both the room's log
+(readable with ``redis-cli``) and the shared job stream. Doing it in one script means two gateways
+can never hand out the same number or enqueue out of order.
 
 It also keeps the room's lifetime: every key of the room gets ``EXPIRE room_idle_ttl_s`` again, so
 a room nobody speaks in disappears from Redis that long after its last line (the worker refreshes
@@ -30,7 +31,7 @@ bounded, and since one ``say`` adds at most one room, stale entries go faster th
 
 # KEYS: 1 senders, 2 seq, 3 utt, 4 jobs, 5 state, 6 rooms, 7 out.
 # ARGV: 1 sender, 2 client seq, 3 text, 4 voice, 5 now ms, 6 utt maxlen, 7 jobs maxlen, 8 room,
-#       9 max pending, 10 idle ttl s, 11 stale cutoff ms, 12 stale entries per call.
+#       9 max pending, 10 idle ttl s, 11 stale cutoff ms, 12 stale entries per call, 13 switch lines.
 _SAY = """
 local last = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
 if tonumber(ARGV[2]) <= last then return {0, last} end
@@ -51,10 +52,31 @@ redis.call('SET', KEYS[2], seq, 'EX', ARGV[10])
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 local prev = redis.call('HGET', KEYS[5], 'voice') or ARGV[4]
 redis.call('HSET', KEYS[5], 'voice', ARGV[4])
+local from = redis.call('HGET', KEYS[5], 'switch_from')
+local line = tonumber(redis.call('HGET', KEYS[5], 'switch_line') or '0')
+local lines = tonumber(redis.call('HGET', KEYS[5], 'switch_lines') or ARGV[13])
+if prev ~= ARGV[4] then
+  if from == ARGV[4] and line > 0 and line < lines then
+    line = lines - line
+  else
+    line = 0
+    lines = tonumber(ARGV[13])
+  end
+  from = prev
+end
+local switch = {}
+if from then
+  switch = {'switch_from', from, 'switch_line', line, 'switch_lines', lines}
+  if line + 1 >= lines then
+    redis.call('HDEL', KEYS[5], 'switch_from', 'switch_line', 'switch_lines')
+  else
+    redis.call('HSET', KEYS[5], 'switch_from', from, 'switch_line', line + 1, 'switch_lines', lines)
+  end
+end
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[6], '*', 'seq', seq, 'text', ARGV[3], 'voice', ARGV[4],
            'sender', ARGV[1], 'client_seq', ARGV[2], 'time', ARGV[5])
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[7], '*', 'room', ARGV[8], 'seq', seq, 'text', ARGV[3],
-           'voice', ARGV[4], 'prev_voice', prev, 'sender', ARGV[1], 'time', ARGV[5])
+           'voice', ARGV[4], 'prev_voice', prev, 'sender', ARGV[1], 'time', ARGV[5], unpack(switch))
 redis.call('EXPIRE', KEYS[1], ARGV[10])
 redis.call('EXPIRE', KEYS[3], ARGV[10])
 redis.call('EXPIRE', KEYS[5], ARGV[10])
@@ -77,6 +99,16 @@ return {1, seq}
 # - ``EXPIRE`` on ``:out`` before the worker ever wrote it is a no-op; the worker refreshes it.
 # - ``vx:rooms`` itself expires when no line was accepted anywhere for the TTL: then every entry
 #   in it is stale, and no later ``say`` may ever come to remove them.
+# - Voice switches span lines: a switch's progress (``switch_from``, the next ``switch_line``,
+#   ``switch_lines``) lives in ``:state`` until its last line is handed out, and each of its
+#   lines carries the same three fields in ``vx:jobs`` (the worker blends line k of L over
+#   ``k/L..(k+1)/L``). Numbered here, in room order, because a room's lines may be synthesized
+#   at once on different workers: none of them could read "how far has the switch got" then.
+#   ``prev_voice`` stays for workers from before (they switch within the line).
+# - A switch while another runs starts from the voice the room was moving to (the sound jumps
+#   from the blend reached to the first step of the new path), except a switch back to the voice
+#   the running switch came from: that path is the same one reversed, so it goes on from where
+#   it stands (line ``lines - line``) with no jump at all.
 
 
 def _default_idle_ttl_s() -> int:
@@ -92,9 +124,12 @@ class SayOutcome:
 
 class Ingress:
     def __init__(self, redis: Redis, *, utterance_maxlen: int = 1000, jobs_maxlen: int = 100_000,
-                 max_pending_per_room: int = 16, room_idle_ttl_s: int | None = None) -> None:
+                 max_pending_per_room: int = 16, room_idle_ttl_s: int | None = None,
+                 switch_lines: int | None = None) -> None:
         """``room_idle_ttl_s``: a room's keys expire this long after its last accepted line
-        (``None``: the :class:`Settings` default, 3600)."""
+        (``None``: the :class:`Settings` default, 3600). ``switch_lines``: lines a voice switch
+        is spread over (``None``: the :class:`Settings` default of ``chattts_switch_lines``; 1: the
+        switch happens within the line that makes it). Raises ``ValueError`` below 1."""
         # Lines that many rooms send in the same loop turn share one round trip (voxroom/autopipe.py).
         # EVAL, not EVALSHA: Redis caches the compiled script by digest, and a Redis restarted
         # empty needs no NOSCRIPT retry.
@@ -105,6 +140,9 @@ class Ingress:
         self.room_idle_ttl_s = _default_idle_ttl_s() if room_idle_ttl_s is None else room_idle_ttl_s
         if self.room_idle_ttl_s < 1:
             raise ValueError(f"room_idle_ttl_s must be at least 1 s, not {self.room_idle_ttl_s}")
+        self.switch_lines = Settings().chattts_switch_lines if switch_lines is None else switch_lines
+        if self.switch_lines < 1:
+            raise ValueError(f"switch_lines must be at least 1, not {self.switch_lines}")
 
     async def aclose(self) -> None:
         await self._auto.aclose()
@@ -116,7 +154,7 @@ class Ingress:
             "EVAL", _SAY, 7, keys.room_senders(room), keys.room_seq(room), keys.room_utterances(room), keys.JOBS,
             keys.room_state(room), keys.ROOMS, keys.room_output(room),
             sender, client_seq, text, voice, now_ms, self.utterance_maxlen, self.jobs_maxlen, room, self.max_pending,
-            self.room_idle_ttl_s, stale_before_ms, STALE_ROOMS_PER_SAY)
+            self.room_idle_ttl_s, stale_before_ms, STALE_ROOMS_PER_SAY, self.switch_lines)
         kind: Literal["accepted", "duplicate", "busy"] = (
             "accepted" if status == 1 else "duplicate" if status == 0 else "busy")
         return SayOutcome(kind, int(value))

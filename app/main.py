@@ -107,7 +107,8 @@ def create_app(settings: Settings, *, catalog: Catalog | None = None) -> Starlet
             ingress=Ingress(text_redis, utterance_maxlen=settings.utterance_stream_maxlen,
                             jobs_maxlen=settings.jobs_maxlen,
                             max_pending_per_room=settings.max_pending_per_room,
-                            room_idle_ttl_s=settings.room_idle_ttl_s),
+                            room_idle_ttl_s=settings.room_idle_ttl_s,
+                            switch_lines=settings.chattts_switch_lines),
             directory=directory, claims=claims)
         state.streams = StreamWatcher(bytes_redis, state.hub.control, keys.gateway_wake(gateway_id, "api"))
         app.state.voxroom = state

@@ -6,9 +6,10 @@ same framing, same pacing, same room order, and the Opus copy is encoded from th
 
 **Key.** A SHA-256 fingerprint of everything that determines the audio: the engine's name, model
 version (``model_version`` when an engine has one) and rate; the voice's engine, language and
-params (embeddings included); the previous voice when it differs (ChatTTS steps from one voice to
-the other on a switch); the room rate and slice size; and the text, normalised only in ways that
-no engine hears (Unicode NFC, runs of whitespace collapsed, ends stripped).
+params (embeddings included); the voice a switch moves from when it differs, and the part of the
+switch the line covers (ChatTTS steps from one voice to the other over a switch's lines); the room
+rate and slice size; and the text, normalised only in ways that no engine hears (Unicode NFC, runs
+of whitespace collapsed, ends stripped).
 
 **Bounds, independent of Redis's maxmemory.** The key space is fixed: an entry lives in slot
 ``fingerprint mod slots`` (``vx:cache:{slot}``, a hash holding the full fingerprint and the
@@ -64,15 +65,18 @@ def normalise_text(text: str) -> str:
 
 
 def fingerprint(*, engine: str, model_version: str, engine_rate: int, voice: Voice, text: str,
-                previous_voice: Voice | None = None) -> str:
-    """The hex SHA-256 of everything that determines the audio (see the module docstring)."""
+                previous_voice: Voice | None = None, switch_range: tuple[float, float] = (0.0, 1.0)) -> str:
+    """The hex SHA-256 of everything that determines the audio (see the module docstring).
+    ``previous_voice``/``switch_range``: as in ``SynthesisRequest``; a line in the middle of a
+    switch never shares an entry with the plain voice's line, nor with another part of the switch."""
     def describe(v: Voice) -> dict[str, object]:
         return {"engine": v.engine, "language": v.language, "params": dict(v.params)}
 
     prev = previous_voice if previous_voice is not None and previous_voice.id != voice.id else None
+    switch = {**describe(prev), "range": [float(x) for x in switch_range]} if prev is not None else None
     material = {"v": FORMAT_VERSION, "engine": engine, "model": model_version, "engine_rate": engine_rate,
                 "room_rate": ROOM_RATE, "slice": SLICE_SAMPLES, "voice": describe(voice),
-                "prev": describe(prev) if prev is not None else None, "text": normalise_text(text)}
+                "prev": switch, "text": normalise_text(text)}
     blob = json.dumps(material, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 

@@ -26,7 +26,7 @@ def fingerprint_of(engine: Engine, request: SynthesisRequest) -> str:
     """The cache key of what ``engine`` makes of ``request``."""
     return fingerprint(engine=engine.name, model_version=str(getattr(engine, "model_version", "")),
                        engine_rate=engine.sample_rate, voice=request.voice, text=request.text,
-                       previous_voice=request.previous_voice)
+                       previous_voice=request.previous_voice, switch_range=request.switch_range)
 
 
 class CachedAudio:

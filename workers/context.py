@@ -39,7 +39,7 @@ from workers import batching
 from workers.cache import AudioCache
 from workers.cached import CachedAudio, fingerprint_of
 from workers.engines.base import ContinuousEngine, Engine, SynthesisRequest
-from workers.job import MAX_UTTERANCE_SLICES, Utterance
+from workers.job import MAX_UTTERANCE_SLICES, Utterance, switch_of
 from workers.jobqueue import JobQueue
 from workers.rows import ContinuousRows, continuous
 
@@ -239,9 +239,9 @@ class Context:
     def _request(self, utt: Utterance) -> SynthesisRequest:
         """The one place a line's ``SynthesisRequest`` is built (synthesis and cache keys alike)."""
         voice = self.catalog.get(utt.job.voice)
-        prev = self.catalog.get(utt.job.prev_voice) if utt.job.prev_voice in self.catalog else None
+        switch = switch_of(utt.job, self.catalog)
         return SynthesisRequest(text=utt.job.text, voice=voice, request_id=f"{utt.job.room}/{utt.job.seq}",
-                                previous_voice=prev)
+                                previous_voice=switch.previous_voice, switch_range=switch.switch_range)
 
     def close(self) -> None:
         self._rows.close()

@@ -7,10 +7,12 @@ import threading
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
+
+from voxroom.voices import Catalog, Voice
 
 
 @dataclass(slots=True)
@@ -24,13 +26,51 @@ class Job:
     prev_voice: str
     sender: str
     time_ms: float
+    switch_from: str = ""
+    """The voice a switch in progress moves from (``""``: none). A switch runs over the room's
+    ``switch_lines`` lines; this job is line ``switch_line`` of them (0: the line that switched).
+    The gateway's ``say`` script numbers them in room order (app/ingress.py)."""
+    switch_line: int = 0
+    switch_lines: int = 1
 
     @classmethod
     def from_entry(cls, entry_id: str, fields: dict[str, str]) -> Job:
-        """Raises ``KeyError``/``ValueError`` for a malformed entry (the worker acks and drops it)."""
+        """Raises ``KeyError``/``ValueError`` for a malformed entry (the worker acks and drops it).
+        An entry without ``switch_from`` (a gateway from before switches spanned lines) switches
+        within the line when ``prev_voice`` differs, as it did then; switch fields out of range
+        are ignored (the line is spoken in its own voice, never dropped for them)."""
+        voice = fields["voice"]
+        prev = fields.get("prev_voice", voice)
+        if "switch_from" in fields:
+            switch_from = fields["switch_from"]
+            line, lines = int(fields.get("switch_line", 0)), int(fields.get("switch_lines", 1))
+            if not 0 <= line < lines:
+                switch_from, line, lines = "", 0, 1
+        else:
+            switch_from, line, lines = (prev if prev != voice else ""), 0, 1
         return cls(entry_id=entry_id, room=fields["room"], seq=int(fields["seq"]), text=fields["text"],
-                   voice=fields["voice"], prev_voice=fields.get("prev_voice", fields["voice"]),
-                   sender=fields.get("sender", ""), time_ms=float(fields.get("time", 0)))
+                   voice=voice, prev_voice=prev, sender=fields.get("sender", ""),
+                   time_ms=float(fields.get("time", 0)), switch_from=switch_from, switch_line=line,
+                   switch_lines=lines)
+
+
+class Switch(NamedTuple):
+    """What a job's voice switch asks of the engine (``SynthesisRequest`` fields of the same names)."""
+    previous_voice: Voice | None
+    switch_range: tuple[float, float]
+
+
+NO_SWITCH = Switch(None, (0.0, 1.0))
+
+
+def switch_of(job: Job, catalog: Catalog) -> Switch:
+    """The switch ``job`` is part of: the voice it moves from, and the part of the path this line
+    covers (line k of L: ``(k/L, (k+1)/L)``, so the switch's last line ends on the new voice).
+    :data:`NO_SWITCH` when there is none or the old voice is not in ``catalog`` (retired)."""
+    if not job.switch_from or job.switch_from == job.voice or job.switch_from not in catalog:
+        return NO_SWITCH
+    k, lines = job.switch_line, job.switch_lines
+    return Switch(catalog.get(job.switch_from), (k / lines, (k + 1) / lines))
 
 
 MAX_UTTERANCE_SLICES = 4096

@@ -27,7 +27,12 @@ class SynthesisRequest:
     voice: Voice
     request_id: str = ""
     previous_voice: Voice | None = None
-    """The voice the room spoke in before this utterance, for engines that interpolate on a switch."""
+    """The voice a switch in progress moves from, for engines that interpolate on a switch
+    (``None``, or ``voice`` itself: no switch)."""
+    switch_range: tuple[float, float] = (0.0, 1.0)
+    """The part of the ``previous_voice`` -> ``voice`` path this utterance covers (0: the old voice,
+    1: the new one). A switch spread over L lines gives line k ``(k/L, (k+1)/L)``; the default is a
+    whole switch within this one utterance. Meaningless without ``previous_voice``."""
 
 
 @runtime_checkable
@@ -77,4 +82,21 @@ class ContinuousEngine(Engine, Protocol):
         """Yield ``(key, chunk)`` as rows produce audio and ``(key, None)`` once when a row is
         done (finished or cancelled); return when ``admit`` returns ``None``. Rows are bounded by
         the context's in-flight cap, not by ``max_batch``."""
+        ...
+
+
+# Word marks are the optional capability below; the import sits with it (the module is pure).
+from workers.engines.marks import WordMark  # noqa: E402
+
+
+@runtime_checkable
+class TimedEngine(Engine, Protocol):
+    """An engine that also says when each word is heard (workers/engines/marks.py)."""
+
+    def stream_timed(self, request: SynthesisRequest,
+                     cancel: threading.Event) -> Iterator[Pcm | list[WordMark]]:
+        """:meth:`Engine.stream`'s chunks, with lists of word marks between them. Every mark comes
+        before the chunk that holds its ``start_ms``; times count from the utterance's first
+        sample (at :attr:`Engine.sample_rate`), offsets index ``request.text``. The audio is the
+        same as :meth:`Engine.stream`'s for the same request."""
         ...

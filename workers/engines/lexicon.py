@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Final
 
 from voxroom.errors import ConfigError
+from workers.engines.marks import Rewrite
 
 MAX_ENTRIES: Final = 10_000
 MAX_KEY_CHARS: Final = 64
@@ -79,18 +80,31 @@ class Lexicon:
 
     def apply(self, text: str, engine: str = "") -> str:
         """``text`` with every entry replaced by its respelling (or by ``engine``'s phonemes)."""
-        if self._pattern is None:
-            return text
+        return self.apply_spans(text, engine)[0]
 
-        def replace(found: re.Match[str]) -> str:
+    def apply_spans(self, text: str, engine: str = "") -> tuple[str, list[Rewrite]]:
+        """:meth:`apply`, and where each replacement went: word timings of the respelled text
+        are mapped back to the words as written (``workers.engines.marks.map_back``)."""
+        if self._pattern is None:
+            return text, []
+        out: list[str] = []
+        rewrites: list[Rewrite] = []
+        last = size = 0
+        for found in self._pattern.finditer(text):
             word = " ".join(found.group().split())  # a phrase may be spread over any whitespace
             entry = self._exact.get(word) or self._folded.get(word.casefold())
             if entry is None:  # unreachable: every alternative is a key of one of the maps
-                return word
+                continue
             phonemes = entry.phonemes.get(engine)
-            return f"[[{phonemes}]]" if phonemes else entry.respelling
-
-        return self._pattern.sub(replace, text)
+            spoken = f"[[{phonemes}]]" if phonemes else entry.respelling
+            out.append(text[last:found.start()])
+            size += found.start() - last
+            rewrites.append(Rewrite(found.start(), found.end() - found.start(), size, len(spoken)))
+            out.append(spoken)
+            size += len(spoken)
+            last = found.end()
+        out.append(text[last:])
+        return "".join(out), rewrites
 
     @classmethod
     def from_text(cls, text: str, source: str = "lexicon") -> Lexicon:

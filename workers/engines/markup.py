@@ -33,6 +33,7 @@ from voxroom import markup
 from voxroom.errors import EngineError
 from workers.engines.base import Admit, Engine, Pcm, SynthesisRequest
 from workers.engines.lexicon import Lexicon
+from workers.engines.marks import Rewrite, WordMark, estimate_audio, map_back, split_words
 
 MARKUP_VERSION: Final = "markup1"
 """Bump when the rendering of pauses changes: it is part of every wrapped engine's cache key."""
@@ -120,6 +121,7 @@ class NarratorEngine(_Wrapper):
         :class:`EngineError` for markup that is not understood (on the first ``next()``)."""
         pieces = _script(request.text).pieces
         last = len(pieces) - 1
+        spoken = sum(1 for piece in pieces if not isinstance(piece, markup.Pause))
         spoke = 0
         for i, piece in enumerate(pieces):
             if cancel.is_set():
@@ -128,28 +130,89 @@ class NarratorEngine(_Wrapper):
                 yield np.zeros(round(piece.ms * self.sample_rate / 1000), dtype=np.float32)
                 continue
             text = _with_lexicon(self.lexicon, self.name, piece)
-            # A voice switch (``previous_voice``) happens once, at the line's first words.
-            previous = request.previous_voice if spoke == 0 else request.voice
+            yield from self._trimmed(_part(request, text, spoke, spoken), cancel, head=i > 0, tail=i < last)
             spoke += 1
-            yield from self._trimmed(dataclasses.replace(request, text=text, previous_voice=previous), cancel,
-                                     head=i > 0, tail=i < last)
+
+    def stream_timed(self, request: SynthesisRequest, cancel: threading.Event) -> Iterator[Pcm | list[WordMark]]:
+        """:meth:`stream`'s audio with word marks (:class:`workers.engines.base.TimedEngine`).
+        Offsets index ``request.text`` as given, markup included (the room's ``start.text``):
+        a word's offset is where it is written in the line; markup never makes a mark. Words the
+        lexicon respelled are named as written. Times count from the line's first sample, across
+        the trimmed pieces and the pauses. An inner engine without word timings gets
+        :func:`workers.engines.marks.estimate_audio` per piece, given after the piece's audio."""
+        pieces = _script(request.text).pieces
+        places = _piece_offsets(request.text, pieces)
+        last = len(pieces) - 1
+        spoken = sum(1 for piece in pieces if not isinstance(piece, markup.Pause))
+        spoke = 0
+        at = 0  # samples of the line given out so far
+        timed = callable(getattr(self.inner, "stream_timed", None))
+        for i, piece in enumerate(pieces):
+            if cancel.is_set():
+                return
+            if isinstance(piece, markup.Pause):
+                silence = np.zeros(round(piece.ms * self.sample_rate / 1000), dtype=np.float32)
+                at += silence.size
+                yield silence
+                continue
+            text, rewrites = self.lexicon.apply_spans(piece, self.name) if self.lexicon else (piece, [])
+            places_ms = at * 1000 / self.sample_rate
+            marks = _PieceMarks(piece, rewrites, chars=places[i], ms=places_ms, tail=i < last)
+            audio: list[Pcm] = []
+            for item in self._trim(_part(request, text, spoke, spoken), cancel, head=i > 0, tail=i < last,
+                                   timed=True):
+                if isinstance(item, list):
+                    yield from marks.add(item)
+                else:
+                    at += item.size
+                    if not timed:
+                        audio.append(item)
+                    yield from marks.audio(item)
+            yield from marks.finish(at * 1000 / self.sample_rate)
+            if audio and not cancel.is_set():
+                guessed = estimate_audio(piece, np.concatenate(audio), self.sample_rate, places_ms)
+                if guessed:
+                    yield [m.shifted(chars=places[i]) for m in guessed]
+            spoke += 1
 
     def _trimmed(self, request: SynthesisRequest, cancel: threading.Event, *, head: bool,
                  tail: bool) -> Iterator[Pcm]:
         """The inner stream without its quiet lead-in (``head``) and quiet tail (``tail``)."""
+        for item in self._trim(request, cancel, head=head, tail=tail, timed=False):
+            if not isinstance(item, list):
+                yield item
+
+    def _trim(self, request: SynthesisRequest, cancel: threading.Event, *, head: bool, tail: bool,
+              timed: bool) -> Iterator[Pcm | list[WordMark]]:
+        """:meth:`_trimmed`, with the inner engine's word marks (``timed``) moved back by the
+        trimmed lead-in; marks that came before the first sound wait for it."""
         started = not head
+        cut = 0  # samples of lead-in dropped
+        early: list[WordMark] = []
         held: list[Pcm] = []  # quiet audio at the end of what came so far: the tail, if nothing follows
-        chunks = self.inner.stream(request, cancel)
+        stream_timed = getattr(self.inner, "stream_timed", None) if timed else None
+        chunks: Iterator[Pcm | list[WordMark]] = (stream_timed(request, cancel) if callable(stream_timed)
+                                                   else self.inner.stream(request, cancel))
         try:
             for chunk in chunks:
+                if isinstance(chunk, list):
+                    if started:
+                        yield _earlier(chunk, cut * 1000 / self.sample_rate)
+                    else:
+                        early.extend(chunk)
+                    continue
                 if started and not tail:
                     yield chunk
                     continue
                 loud = self._loud(chunk)
                 if not started:
                     if loud.size == 0:
+                        cut += chunk.size
                         continue
+                    cut += int(loud[0])
                     chunk, loud, started = chunk[loud[0]:], loud - loud[0], True
+                    if early:
+                        yield _earlier(early, cut * 1000 / self.sample_rate)
                 if not tail:
                     yield chunk
                 elif loud.size == 0:
@@ -163,6 +226,95 @@ class NarratorEngine(_Wrapper):
             close = getattr(chunks, "close", None)
             if callable(close):
                 close()
+
+
+def _earlier(marks: list[WordMark], ms: float) -> list[WordMark]:
+    return [dataclasses.replace(m, start_ms=max(0.0, m.start_ms - ms), end_ms=max(0.0, m.end_ms - ms)) for m in marks]
+
+
+def _piece_offsets(text: str, pieces: Sequence[markup.Piece]) -> list[int]:
+    """Where each text piece of ``markup.parse(text)`` is written in ``text`` (0 for a pause):
+    the pieces are the stretches between pause tokens, stripped, the empty ones left out."""
+    starts: list[int] = []
+    last = 0
+    # The parser's own token pattern and reader, so that both cut the line at the same places.
+    ends = [found for found in markup._CANDIDATE.finditer(text) if markup._pause(found.group()) is not None]
+    for end in [*(found.start() for found in ends), len(text)]:
+        stretch = text[last:end]
+        if stretch.strip():
+            starts.append(last + len(stretch) - len(stretch.lstrip()))
+        last = next((found.end() for found in ends if found.start() == end), end)
+    places = iter(starts)
+    return [0 if isinstance(piece, markup.Pause) else next(places, 0) for piece in pieces]
+
+
+class _PieceMarks:
+    """One piece's marks, mapped to the line: offsets past the piece's place, respelled words
+    back to the words as written, times past the piece's start.
+
+    Two kinds of mark wait, and the audio that comes meanwhile waits with them (each mark still
+    goes out before the audio it starts in): a respelled word's, until the respelling is heard
+    in full; and, before a pause (``tail``), the piece's last word's, until the piece ends, so
+    that it ends where the trimmed audio ends rather than in the engine's trailing silence."""
+
+    def __init__(self, written: str, rewrites: Sequence[Rewrite], *, chars: int, ms: float, tail: bool) -> None:
+        self.written = written
+        self.rewrites = rewrites
+        self.chars = chars
+        self.ms = ms
+        words = split_words(written)
+        self._last = chars + words[-1].offset if tail and words else None
+        self._pending: list[WordMark] = []  # as the inner engine gave them
+        self._held: list[WordMark] = []  # mapped
+        self._audio: list[Pcm] = []
+
+    def _inside(self, mark: WordMark) -> bool:
+        return any(r.new_offset <= mark.offset < r.new_offset + r.new_length for r in self.rewrites)
+
+    def _mapped(self, marks: list[WordMark]) -> list[WordMark]:
+        return [m.shifted(self.ms, self.chars) for m in map_back(marks, self.written, self.rewrites)]
+
+    def add(self, marks: list[WordMark]) -> Iterator[Pcm | list[WordMark]]:
+        self._pending.extend(marks)
+        keep = len(self._pending)
+        while keep and self._inside(self._pending[keep - 1]):
+            keep -= 1  # a respelling is closed by a mark after it, or by the piece's end
+        ready = self._mapped(self._pending[:keep])
+        self._pending = self._pending[keep:]
+        if ready and ready[-1].offset == self._last:
+            self._held.append(ready.pop())
+        if ready:
+            yield ready
+        yield from self._release()
+
+    def audio(self, chunk: Pcm) -> Iterator[Pcm]:
+        if self._pending or self._held:
+            self._audio.append(chunk)
+        else:
+            yield chunk
+
+    def _release(self) -> Iterator[Pcm]:
+        if not (self._pending or self._held):
+            yield from self._audio
+            self._audio = []
+
+    def finish(self, end_ms: float) -> Iterator[Pcm | list[WordMark]]:
+        """The rest, every word ending by ``end_ms`` (the piece's end in the line)."""
+        rest = [*self._held, *self._mapped(self._pending)]
+        self._held, self._pending = [], []
+        if rest:
+            yield [dataclasses.replace(m, end_ms=max(m.start_ms, min(m.end_ms, end_ms))) for m in rest]
+        yield from self._release()
+
+
+def _part(request: SynthesisRequest, text: str, index: int, count: int) -> SynthesisRequest:
+    """Spoken piece ``index`` of ``count`` of ``request``: a voice switch in progress
+    (``switch_range``) is shared out between the pieces in order, so the line as a whole still
+    moves over its part of the switch and its last piece ends where the line ends."""
+    start, end = request.switch_range
+    step = (end - start) / max(1, count)
+    stop = end if index + 1 >= count else start + step * (index + 1)
+    return dataclasses.replace(request, text=text, switch_range=(start + step * index, stop))
 
 
 class RewritingEngine(_Wrapper):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from workers.engines.base import Admit, Pcm, SynthesisRequest
+from workers.engines.marks import WordMark, estimate_audio
 
 CHARS_PER_SECOND = 14.0
 MAX_SECONDS = 40.0  # 500 characters at 14 a second
@@ -77,6 +78,15 @@ class SyntheticEngine:
                 return
             if cancel.is_set():
                 return
+            yield chunk
+
+    def stream_timed(self, request: SynthesisRequest, cancel: threading.Event) -> Iterator[Pcm | list[WordMark]]:
+        """:meth:`stream`, after the marks of every word: the whole buzz is known up front, so
+        the estimate (``marks.estimate_audio``: syllables over the sounding stretch) comes first."""
+        marks = estimate_audio(request.text, self._audio(request.text), self.sample_rate)
+        for index, chunk in enumerate(self.stream(request, cancel)):
+            if index == 0 and marks:
+                yield marks
             yield chunk
 
     def stream_batch(self, requests: Sequence[SynthesisRequest],

@@ -22,7 +22,7 @@ from workers.engines.base import Admit, Pcm, SynthesisRequest
 from workers.engines.chattts.continuous import ContinuousBatcher, Job
 from workers.engines.chattts.generation import Generator, RowProgress, SamplingParams
 from workers.engines.chattts.loader import load_chat
-from workers.engines.chattts.speakers import SpeakerBank, VoiceLookup, transition
+from workers.engines.chattts.speakers import SpeakerBank, VoiceLookup, switch_steps, transition
 from workers.engines.chattts.streaming import Fader, IncrementalDecoder, StreamConfig
 from workers.engines.chattts.text_split import MAX_PIECE_CHARS, split_for_transition, split_text
 
@@ -143,15 +143,21 @@ class ChatTTSEngine:
 
     def plan(self, request: SynthesisRequest) -> tuple[list[str], list[torch.Tensor]]:
         """The text pieces of ``request`` and the embedding each piece is spoken with: on a voice switch
-        (``previous_voice`` differs) the pieces step from the old voice to the new one."""
+        (``previous_voice`` differs) the pieces step from the old voice to the new one, over the part
+        of the switch the request covers (``switch_range``; a switch spread over several lines gives
+        each its part, docs/chattts.md "Voice switches"). ``interpolation_steps`` counts the steps of
+        a whole switch: a line covering a third of it is cut into a third as many pieces."""
         bank = self._require()[1]
         pieces = split_text(request.text, self.max_piece_chars)
         target = bank.embedding(request.voice)
         prev = request.previous_voice
-        if prev is None or prev.id == request.voice.id or prev.engine != self.name or not pieces:
+        start, end = (min(1.0, max(0.0, x)) for x in request.switch_range)
+        if prev is None or prev.id == request.voice.id or prev.engine != self.name or not pieces \
+                or start >= 1.0 or end < start:
             return pieces, [target] * len(pieces)
-        pieces = split_for_transition(pieces, self.interpolation_steps)
-        return pieces, transition(bank.embedding(prev), target, len(pieces), self.interpolation_steps)
+        steps = switch_steps(self.interpolation_steps, start, end)
+        pieces = split_for_transition(pieces, steps)
+        return pieces, transition(bank.embedding(prev), target, len(pieces), steps, start, end)
 
     # --- synthesis -------------------------------------------------------------------------------
     def stream(self, request: SynthesisRequest, cancel: threading.Event) -> Iterator[Pcm]:

@@ -14,6 +14,7 @@ along the normalised linear path (nlerp) between them.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -94,13 +95,30 @@ class SpeakerBank:
 
 
 def interpolate(a: torch.Tensor, b: torch.Tensor, t: float) -> torch.Tensor:
-    """A unit vector ``t`` of the way from ``a`` to ``b`` (nlerp; ``a`` at 0, ``b`` at 1)."""
+    """A unit vector ``t`` of the way from ``a`` to ``b`` (nlerp; ``a`` at 0, ``b`` at 1). The ends
+    are ``a`` and ``b`` themselves, so a switch's last piece is the new voice to the bit (its audio,
+    and cache entry, equal the plain voice's)."""
+    if t <= 0.0:
+        return a
+    if t >= 1.0:
+        return b
     return F.normalize(a * (1.0 - t) + b * t, dim=0)
 
 
-def transition(a: torch.Tensor, b: torch.Tensor, pieces: int, steps: int) -> list[torch.Tensor]:
-    """Embeddings for ``pieces`` consecutive pieces moving from ``a`` to ``b`` in ``steps`` steps:
-    piece ``j`` is ``min(1, (j + 1) / n)`` of the way, ``n = min(steps, pieces)``, so the utterance
-    always ends on ``b`` (the room's new voice) even when it has fewer pieces than steps."""
+def transition(a: torch.Tensor, b: torch.Tensor, pieces: int, steps: int, start: float = 0.0,
+               end: float = 1.0) -> list[torch.Tensor]:
+    """Embeddings for ``pieces`` consecutive pieces moving from ``start`` to ``end`` of the way from
+    ``a`` to ``b`` in ``steps`` steps: piece ``j`` is at ``start + (end - start) * min(1, (j + 1) / n)``,
+    ``n = min(steps, pieces)``, so the utterance always ends at ``end`` even when it has fewer pieces
+    than steps. The whole switch in one utterance is ``start=0, end=1`` (it ends on ``b``, the room's
+    new voice); a switch spread over L utterances gives utterance k ``start=k/L, end=(k+1)/L``."""
     n = max(1, min(steps, pieces))
-    return [interpolate(a, b, min(1.0, (j + 1) / n)) for j in range(pieces)]
+    return [interpolate(a, b, start + (end - start) * min(1.0, (j + 1) / n)) for j in range(pieces)]
+
+
+def switch_steps(steps: int, start: float, end: float) -> int:
+    """Pieces wanted for the ``start``..``end`` part of a switch whose whole path is ``steps`` steps
+    (at least 1): a switch spread over several utterances keeps about ``steps`` steps in all, so
+    each utterance is cut into fewer pieces (each piece is one GPT pass, and costs latency)."""
+    # The epsilon absorbs float error at whole numbers: 5 * (4/5 - 3/5) is 1.0000000000000004.
+    return max(1, math.ceil(steps * (end - start) - 1e-9))
