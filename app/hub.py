@@ -102,7 +102,7 @@ class _Reader:
                 if name == self.wake_key:
                     wake_cursor = last
                     continue
-                room = name[len(keys.PREFIX) + len(":room:"):-len(":out")]
+                room = keys.room_of_key(name)
                 if room in self.cursors:
                     # Cursor moved and entries dispatched with no await in between: a catching-up
                     # client that compares its position with the cursor sees a consistent pair.

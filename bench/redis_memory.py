@@ -67,7 +67,7 @@ async def speak(port: int, r: Redis, room: str, lines: int, chars: int, codec: s
         ends = client.got.ends()
         if [e.get("status") for e in ends] != ["ok"] * lines:
             raise RuntimeError(f"{room}: {ends}")
-    sizes = {name: int(await r.memory_usage(f"{keys.PREFIX}:room:{room}:{name}", samples=0) or 0)
+    sizes = {name: int(await r.memory_usage(keys.room_key(room, name), samples=0) or 0)
              for name in ROOM_KEYS}
     return sum(float(e.get("duration_ms") or 0) for e in ends) / 1000.0, sizes
 
@@ -97,7 +97,7 @@ async def measure(url: str, port: int, args: argparse.Namespace) -> dict[str, An
     r = Redis.from_url(url, decode_responses=True)
     try:
         await speak(port, r, "mem-warmup", 1, args.chars, args.codec)
-        await r.delete(*[f"{keys.PREFIX}:room:mem-warmup:{name}" for name in ROOM_KEYS], keys.ROOMS)
+        await r.delete(*[keys.room_key("mem-warmup", name) for name in ROOM_KEYS], keys.ROOMS)
         base = await used_memory(r)
 
         # Rooms with a listener and no line: what joining alone costs (an Opus listener keeps
@@ -135,7 +135,7 @@ async def measure(url: str, port: int, args: argparse.Namespace) -> dict[str, An
         expired: int | None = None
         if args.ttl:
             deadline = time.monotonic() + args.ttl + 60
-            while any([await r.exists(*[f"{keys.PREFIX}:room:{room}:{name}" for name in ROOM_KEYS])
+            while any([await r.exists(*[keys.room_key(room, name) for name in ROOM_KEYS])
                        for room in rooms]):
                 if time.monotonic() > deadline:
                     raise RuntimeError("rooms did not expire")

@@ -97,9 +97,18 @@ async def _worker_main(settings: Settings) -> None:
         await redis.aclose()
 
 
+def _refuse_cluster(settings: Settings, role: str) -> None:
+    """The gateway and the worker do not run on Redis Cluster yet: one clear line at the start
+    rather than ``CROSSSLOT`` on the first line spoken (docs/cluster.md)."""
+    from voxroom import redis_client
+
+    redis_client.refuse_cluster(settings.redis_url or "redis://127.0.0.1:6379/0", role)
+
+
 def cmd_gateway(args: argparse.Namespace) -> int:
     settings = _settings(args)
     _logging(settings)
+    _refuse_cluster(settings, "gateway")
     _banner(settings, f"voxroom gateway on http://{settings.host}:{settings.port}/")
     _run_gateway(settings)
     return 0
@@ -108,6 +117,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     settings = _settings(args)
     _logging(settings)
+    _refuse_cluster(settings, "worker")
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         runner.run(_worker_main(settings))
     return 0
@@ -138,6 +148,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             settings = replace(settings, redis_url=redis_server.url)
             log.info("started redis-server %s on %s (in memory only: nothing survives a restart)",
                      redis_server.executable, redis_server.url)
+        else:
+            _refuse_cluster(settings, "gateway")
         env = dict(os.environ, REDIS_URL=settings.redis_url or "", VOXROOM_ENGINE=settings.engine,
                    VOXROOM_CPU_CONTEXTS=str(settings.cpu_contexts), VOXROOM_LOG_LEVEL=settings.log_level)
         if settings.chattts_dir:

@@ -3,6 +3,11 @@
 Operators read these with ``redis-cli`` (see docs/operations.md). All keys share the ``vx:`` prefix
 so that one ``SCAN MATCH vx:*`` shows everything voxroom owns.
 
+The braces around ``{room}`` are literal: a room's keys carry its id as a Redis Cluster hash tag
+(``vx:room:{lobby}:utt``), so every key of one room lies in one slot and each script that touches
+a room still touches one slot (docs/cluster.md). Room ids cannot hold braces (``[A-Za-z0-9_-]``).
+Quote them in a shell: ``redis-cli XRANGE 'vx:room:{lobby}:utt' - +``.
+
 =====================================  ========  ====================================================
 key                                    type      what
 =====================================  ========  ====================================================
@@ -17,10 +22,15 @@ key                                    type      what
 ``vx:room:{room}:seq``                 string    last room-level utterance sequence number
 ``vx:room:{room}:state``               hash      ``next`` (seq allowed to play next), ``end_ms``
                                                  (room-clock time the last utterance ends),
-                                                 ``voice`` (the room's current voice)
+                                                 ``voice`` (the room's current voice); while a
+                                                 voice switch spreads over lines: ``switch_from``
+                                                 (old voice), ``switch_line`` (the next line's
+                                                 number in it), ``switch_lines`` (its length)
 ``vx:room:{room}:senders``             hash      sender id -> last client ``seq`` accepted (dedupe)
 ``vx:room:{room}:opus``                string    present (TTL 30 s, refreshed) while an Opus client
                                                  listens: workers add Opus copies only then
+``vx:room:{room}:client:{id}``        string    claim on a self-chosen client id (owner), 15 s TTL
+                                                 refreshed by the gateway holding it
 ``vx:rooms``                           zset      room -> last activity (ms); for ``voxroom rooms``;
                                                  entries past the idle TTL are removed by ``say``
 ``vx:worker:{id}``                     hash      worker heartbeat: engines, contexts, load (TTL)
@@ -49,30 +59,62 @@ WORKERS = f"{PREFIX}:workers"
 """zset: worker id -> time of its last heartbeat (ms). The directory reads it instead of a SCAN."""
 
 
+def room_tag(room: str) -> str:
+    """The hash tag of every key of ``room``: Redis Cluster hashes only what is inside the braces."""
+    return "{" + room + "}"
+
+
+def room_key(room: str, part: str) -> str:
+    """``vx:room:{room}:part``. The named functions below spell the same in one f-string each
+    (they are on the hot path of every line and slice)."""
+    return room_prefix(room) + part
+
+
+def room_prefix(room: str) -> str:
+    """What every key of ``room`` starts with: ``vx:room:{room}:``."""
+    return f"{PREFIX}:room:{room_tag(room)}:"
+
+
+def room_pattern(room: str) -> str:
+    """``SCAN MATCH`` pattern for every key of ``room`` (braces are not special in Redis globs;
+    ``room`` may itself hold ``*``: ``room_pattern("_api-*")``)."""
+    return room_prefix(room) + "*"
+
+
+def room_of_key(key: str) -> str:
+    """The room id of a room key (``vx:room:{lobby}:out`` -> ``lobby``). Raises ``ValueError`` for a
+    key that is not a room's."""
+    head = f"{PREFIX}:room:{{"
+    close = key.find("}:", len(head))
+    if not key.startswith(head) or close < 0:
+        raise ValueError(f"not a room key: {key!r}")
+    return key[len(head):close]
+
+
 def room_utterances(room: str) -> str:
-    return f"{PREFIX}:room:{room}:utt"
+    return f"{PREFIX}:room:{{{room}}}:utt"
 
 
 def room_output(room: str) -> str:
-    return f"{PREFIX}:room:{room}:out"
+    return f"{PREFIX}:room:{{{room}}}:out"
 
 
 def room_seq(room: str) -> str:
-    return f"{PREFIX}:room:{room}:seq"
+    return f"{PREFIX}:room:{{{room}}}:seq"
 
 
 def room_state(room: str) -> str:
-    return f"{PREFIX}:room:{room}:state"
+    return f"{PREFIX}:room:{{{room}}}:state"
 
 
 def room_opus_demand(room: str) -> str:
     """Set (with a short TTL, refreshed) while some gateway has an Opus client in the room: workers
     encode Opus only for rooms that want it."""
-    return f"{PREFIX}:room:{room}:opus"
+    return f"{PREFIX}:room:{{{room}}}:opus"
 
 
 def room_senders(room: str) -> str:
-    return f"{PREFIX}:room:{room}:senders"
+    return f"{PREFIX}:room:{{{room}}}:senders"
 
 
 def worker_heartbeat(worker_id: str) -> str:
@@ -106,4 +148,4 @@ def room_client_claim(room: str, client: str) -> str:
     """string (owner: gateway id and connection serial), 15 s TTL refreshed by the gateway holding
     it, deleted when its connection ends: a self-chosen client id in use in the room
     (app/identity.py)."""
-    return f"{PREFIX}:room:{room}:client:{client}"
+    return f"{PREFIX}:room:{{{room}}}:client:{client}"

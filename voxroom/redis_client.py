@@ -6,6 +6,10 @@ scheduled per command, on the hot path of every slice a worker publishes and eve
 accepts. Here the same timeout is enforced with ``asyncio.timeout`` (a timer on the current task,
 no new Task); reads keep redis-py's own timeout. From Python 3.12 ``wait_for`` is built on
 ``asyncio.timeout`` itself and the connections are redis-py's, unchanged.
+
+Also here: whether ``REDIS_URL`` names a node of a Redis Cluster (:func:`cluster_enabled`), which
+the gateway and the worker refuse for now and ``voxroom rooms`` reads with redis-py's
+``RedisCluster`` (docs/cluster.md).
 """
 
 from __future__ import annotations
@@ -13,10 +17,15 @@ from __future__ import annotations
 import asyncio
 import sys
 from typing import Any
+from urllib.parse import urlsplit
 
+import redis
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.connection import AbstractConnection
+from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from voxroom.errors import ConfigError
 
 
 class _TimedWrites:
@@ -69,3 +78,37 @@ def from_url(url: str, *, max_connections: int = POOL_MAX_CONNECTIONS, pool_wait
     if sys.version_info < (3, 12):
         client.connection_pool.connection_class = _timed(client.connection_pool.connection_class)
     return client
+
+
+CLUSTER_DOC = "docs/cluster.md"
+
+
+def cluster_enabled(url: str, *, timeout_s: float = 5.0) -> bool | None:
+    """Whether the Redis at ``url`` runs in cluster mode (``INFO cluster`` says
+    ``cluster_enabled:1``). ``None`` when it cannot be asked now (unreachable, loading): the
+    caller starts as it would have, and its own retries wait for Redis. A server that refuses
+    ``INFO`` (some managed offerings rename it) counts as not a cluster."""
+    try:
+        with redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s) as r:
+            info: Any = r.info("cluster")
+    except ResponseError as exc:
+        if "LOADING" in str(exc):
+            return None
+        return False
+    except RedisError:
+        return None
+    return bool(int(info.get("cluster_enabled", 0)))
+
+
+def refuse_cluster(url: str, role: str) -> None:
+    """Raise :class:`ConfigError` (one line: the CLI prints it and exits 2) when ``url`` names a
+    Redis Cluster node. The gateway and the worker are single-node still: the ``say`` script
+    writes the room's log and ``vx:jobs`` (two slots) in one call, and their pipelines send keys
+    of many slots to one connection, so on a cluster they would fail on the first line with
+    ``CROSSSLOT`` or ``MOVED`` instead of at the start."""
+    if cluster_enabled(url):
+        where = urlsplit(url)
+        raise ConfigError(
+            f"{role}: REDIS_URL points at a Redis Cluster node ({where.hostname}:{where.port or 6379}); "
+            f"the {role} does not run on Redis Cluster yet (issue 17, see {CLUSTER_DOC}): "
+            "use a single Redis instance (a primary with replicas is fine)")

@@ -1,7 +1,7 @@
 """``voxroom rooms`` and ``voxroom room ID``: what a room holds in Redis, as readable tables.
 
 The same reads as the ``redis-cli`` recipes in docs/operations.md (``ZREVRANGE vx:rooms``,
-``HGETALL vx:room:{id}:state``, ``XREVRANGE vx:room:{id}:utt``, ``XPENDING vx:jobs workers``,
+``HGETALL vx:room:{id}:state``, ``XREVRANGE vx:room:{id}:utt`` (braces literal), ``XPENDING vx:jobs workers``,
 ``XINFO GROUPS vx:jobs``), so an operator can check one against the other. Read-only: nothing here
 writes to Redis.
 
@@ -19,10 +19,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from redis import Redis
+from redis.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
 from voxroom import keys
 from voxroom.settings import Settings
+
+Client = Redis | RedisCluster
+"""One Redis, or a Redis Cluster found from any one node (docs/cluster.md): every read below is
+one key per command, so redis-py's cluster client routes each to the node holding its slot."""
 
 PENDING_SCAN = 1000
 """How many pending jobs ``voxroom room`` looks through to find the room's (oldest first)."""
@@ -53,6 +58,9 @@ class RoomSummary:
     expires_s: float
     """Seconds until the room's last key expires: ``inf`` when some key has no TTL (written before
     rooms expired), NaN when the room has no key left."""
+    switch: str = ""
+    """A voice switch spread over lines, still running: ``a -> b, next line 2 of 3`` (lines
+    counted from 1); empty when none."""
 
     @property
     def gone(self) -> bool:
@@ -88,7 +96,7 @@ def _expires_s(pttls: Sequence[int]) -> float:
     return max(live) / 1000.0 if live else float("nan")
 
 
-def room_summaries(r: Redis, room_ids: Sequence[str], now_ms: float | None = None) -> list[RoomSummary]:
+def room_summaries(r: Client, room_ids: Sequence[str], now_ms: float | None = None) -> list[RoomSummary]:
     now = time.time() * 1000.0 if now_ms is None else now_ms
     per_room = 5 + len(room_keys(""))  # five reads, then one PTTL per room key
     pipe = r.pipeline(transaction=False)
@@ -111,11 +119,18 @@ def room_summaries(r: Redis, room_ids: Sequence[str], now_ms: float | None = Non
             room=room, idle_s=(now - float(score)) / 1000.0 if score is not None else float("nan"),
             last_seq=int(seq or 0), next_seq=int(st.get("next") or 1), voice=st.get("voice", ""),
             utterances=int(n_utt), output_entries=int(n_out), backlog_ms=max(0.0, end_ms - now),
-            expires_s=_expires_s(pttls)))
+            expires_s=_expires_s(pttls), switch=_switch(st)))
     return out
 
 
-def list_rooms(r: Redis, limit: int = 50, *, idle_ttl_s: float | None = None,
+def _switch(state: dict[str, str]) -> str:
+    if not state.get("switch_from"):
+        return ""
+    line = int(state.get("switch_line") or 0) + 1
+    return f"{state['switch_from']} -> {state.get('voice', '')}, next line {line} of {state.get('switch_lines', '?')}"
+
+
+def list_rooms(r: Client, limit: int = 50, *, idle_ttl_s: float | None = None,
                now_ms: float | None = None) -> list[RoomSummary]:
     """The ``limit`` most recently active rooms, newest first. With ``idle_ttl_s``, entries older
     than that are left out (stale: their keys expired, a later ``say`` removes the entry); rooms
@@ -127,13 +142,13 @@ def list_rooms(r: Redis, limit: int = 50, *, idle_ttl_s: float | None = None,
     return [s for s in room_summaries(r, ids, now) if not s.gone]
 
 
-def recent_utterances(r: Redis, room: str, count: int = 10) -> list[dict[str, str]]:
+def recent_utterances(r: Client, room: str, count: int = 10) -> list[dict[str, str]]:
     """The room's last ``count`` utterances, newest first (fields as the ``say`` script wrote them)."""
     entries: Any = r.xrevrange(keys.room_utterances(room), count=count)
     return [dict(_fields(f or {}), id=_s(i)) for i, f in entries]
 
 
-def output_tail(r: Redis, room: str, count: int = 10) -> list[dict[str, str]]:
+def output_tail(r: Client, room: str, count: int = 10) -> list[dict[str, str]]:
     """The room's last output entries without their audio bytes (``frame`` is binary)."""
     rows = []
     entries: Any = r.xrevrange(keys.room_output(room), count=count)
@@ -148,7 +163,7 @@ def output_tail(r: Redis, room: str, count: int = 10) -> list[dict[str, str]]:
     return rows
 
 
-def pending_jobs(r: Redis, room: str | None = None, scan: int = PENDING_SCAN) -> list[PendingJob]:
+def pending_jobs(r: Client, room: str | None = None, scan: int = PENDING_SCAN) -> list[PendingJob]:
     """Jobs read by a worker and not acked (``XPENDING``), optionally only ``room``'s."""
     try:
         pending: Any = r.xpending_range(keys.JOBS, keys.JOBS_GROUP, min="-", max="+", count=scan)
@@ -172,7 +187,7 @@ def pending_jobs(r: Redis, room: str | None = None, scan: int = PENDING_SCAN) ->
     return out
 
 
-def job_groups(r: Redis) -> list[dict[str, str]]:
+def job_groups(r: Client) -> list[dict[str, str]]:
     """``XINFO GROUPS vx:jobs``: per consumer group, pending and lag (lag is Redis 7 only)."""
     try:
         return [_fields(g) for g in r.xinfo_groups(keys.JOBS)]
@@ -182,7 +197,7 @@ def job_groups(r: Redis) -> list[dict[str, str]]:
         raise
 
 
-def workers(r: Redis) -> dict[str, dict[str, str]]:
+def workers(r: Client) -> dict[str, dict[str, str]]:
     """Live workers' heartbeats. Ids come from the ``vx:workers`` registry; a keyspace SCAN only
     when it is empty (workers older than the registry)."""
     ids = [_s(x) for x in r.zrange(keys.WORKERS, 0, -1)]
@@ -240,6 +255,8 @@ def render_room(summary: RoomSummary, utterances: Sequence[dict[str, str]], pend
     now_ms = time.time() * 1000.0
     parts = [table(["room", "idle s", "last seq", "next", "waiting", "backlog ms", "voice", "expires s"],
                    [[s.room, s.idle_s, s.last_seq, s.next_seq, s.waiting, s.backlog_ms, s.voice, s.expires_s]]), ""]
+    if s.switch:
+        parts[-1:-1] = [f"voice switch: {s.switch}"]
 
     def status(seq: int) -> str:
         return "played" if seq < s.next_seq else "playing" if seq == s.next_seq else "waiting"
@@ -262,8 +279,15 @@ def render_room(summary: RoomSummary, utterances: Sequence[dict[str, str]], pend
 # -- commands --------------------------------------------------------------------------------------
 
 
-def _redis(settings: Settings) -> Redis:
-    return Redis.from_url(settings.redis_url or "redis://127.0.0.1:6379/0", socket_timeout=5)
+def _redis(settings: Settings) -> Client:
+    """A cluster client when ``REDIS_URL`` names a cluster node (``INFO cluster``): it discovers
+    the other nodes. ``vx:rooms`` and ``vx:jobs`` are single keys, on whichever node holds them."""
+    from voxroom.redis_client import cluster_enabled
+
+    url = settings.redis_url or "redis://127.0.0.1:6379/0"
+    if cluster_enabled(url):
+        return RedisCluster.from_url(url, socket_timeout=5)
+    return Redis.from_url(url, socket_timeout=5)
 
 
 def cmd_rooms(settings: Settings, args: argparse.Namespace) -> int:

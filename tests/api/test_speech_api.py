@@ -102,7 +102,7 @@ async def test_the_private_room_is_gone_after_the_response(stack: Stack) -> None
     redis = Redis.from_url(stack.redis_url, decode_responses=True)
     try:
         for _ in range(50):
-            left = [k async for k in redis.scan_iter(match=f"{keys.PREFIX}:room:{keys.PRIVATE_ROOM_PREFIX}*")]
+            left = [k async for k in redis.scan_iter(match=keys.room_pattern(keys.PRIVATE_ROOM_PREFIX + "*"))]
             if not left:
                 break
             await asyncio.sleep(0.1)
@@ -123,7 +123,7 @@ async def test_a_caller_that_leaves_mid_stream_leaves_no_keys_without_a_ttl(stac
     redis = Redis.from_url(stack.redis_url, decode_responses=True)
     try:
         await asyncio.sleep(0.5)
-        async for key in redis.scan_iter(match=f"{keys.PREFIX}:room:{keys.PRIVATE_ROOM_PREFIX}*"):
+        async for key in redis.scan_iter(match=keys.room_pattern(keys.PRIVATE_ROOM_PREFIX + "*")):
             assert await redis.ttl(key) > 0, key
     finally:
         await redis.aclose()
@@ -199,9 +199,10 @@ async def test_waiting_responses_share_one_blocked_read(tmp_path: Path) -> None:
                     "response_format": "pcm"})) for n in range(6)]
                 for _ in range(100):
                     await asyncio.sleep(0.1)
-                    if len(await admin.keys("vx:room:_api-*:utt")) == 6:
+                    if len(await admin.keys(keys.room_utterances(keys.PRIVATE_ROOM_PREFIX + "*"))) == 6:
                         break
-                assert len(await admin.keys("vx:room:_api-*:utt")) == 6, "all six accepted and waiting"
+                waiting = await admin.keys(keys.room_utterances(keys.PRIVATE_ROOM_PREFIX + "*"))
+                assert len(waiting) == 6, "all six accepted and waiting"
                 await asyncio.sleep(0.5)
                 during = await blocked_reads()
                 assert during <= before, f"{during - before} more blocked reads for six waiting responses"

@@ -71,7 +71,7 @@ async def all_keys(r: Redis) -> set[str]:
 
 
 async def room_keys(r: Redis, room: str) -> set[str]:
-    return {k.rsplit(":", 1)[-1] async for k in r.scan_iter(match=f"{keys.PREFIX}:room:{room}:*", count=1000)}
+    return {k.rsplit(":", 1)[-1] async for k in r.scan_iter(match=keys.room_pattern(room), count=1000)}
 
 
 async def used_memory(r: Redis) -> int:
@@ -124,7 +124,7 @@ async def test_abandoned_rooms_leave_nothing_and_an_active_room_keeps_its_keys(l
         # server keeps per process (its dict tables, client buffers, the cached script, the
         # gateway's per-reader wake stream) is in it and what remains later is rooms' or nothing.
         await speak(port, r, "lc-warmup", 1)
-        await r.delete(*[f"{keys.PREFIX}:room:lc-warmup:{name}" for name in ROOM_KEYS], keys.ROOMS)
+        await r.delete(*[keys.room_key("lc-warmup", name) for name in ROOM_KEYS], keys.ROOMS)
         baseline_keys = await all_keys(r)
         baseline_memory = await used_memory(r)
 
@@ -142,7 +142,7 @@ async def test_abandoned_rooms_leave_nothing_and_an_active_room_keeps_its_keys(l
             async def abandoned_left() -> list[str]:
                 left = []
                 for room in abandoned:
-                    left += [f"{room}:{name} (ttl {await r.ttl(f'{keys.PREFIX}:room:{room}:{name}')})"
+                    left += [f"{room}:{name} (ttl {await r.ttl(keys.room_key(room, name))})"
                              for name in sorted(await room_keys(r, room))]
                     if await r.zscore(keys.ROOMS, room) is not None:
                         left.append(f"vx:rooms {room}")
@@ -155,7 +155,7 @@ async def test_abandoned_rooms_leave_nothing_and_an_active_room_keeps_its_keys(l
             assert await room_keys(r, "lc-active") == set(ROOM_KEYS)
             assert await r.zscore(keys.ROOMS, "lc-active") is not None
             for name in ("seq", "utt", "state", "senders"):
-                ttl = await r.ttl(f"{keys.PREFIX}:room:lc-active:{name}")
+                ttl = await r.ttl(keys.room_key("lc-active", name))
                 assert 0 < ttl <= TTL_S, (name, ttl)
         finally:
             stop.set()
@@ -191,7 +191,7 @@ async def test_every_key_a_line_touches_gets_the_idle_ttl(private_redis: RedisSe
             await r.xadd(keys.room_output("ttl-room"), {"kind": "start", "seq": 1})  # as a worker would
             assert (await ingress.say("ttl-room", "amy", 2, "second", "en-joe")).status == "accepted"
             for name in ROOM_KEYS:
-                ttl = await r.ttl(f"{keys.PREFIX}:room:ttl-room:{name}")
+                ttl = await r.ttl(keys.room_key("ttl-room", name))
                 assert 590 <= ttl <= 600, (name, ttl)
             assert 590 <= await r.ttl(keys.ROOMS) <= 600
         finally:

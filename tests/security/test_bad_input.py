@@ -55,7 +55,7 @@ INVALID: list[tuple[str, str]] = [
     (json.dumps({"type": "say", "seq": 3, "text": ""}), ErrorCode.EMPTY_TEXT),
     (json.dumps({"type": "say", "seq": 4, "text": "hi", "voice": "no-such-voice"}), ErrorCode.UNKNOWN_VOICE),
     (json.dumps({"type": "say", "seq": 5, "text": "hi", "voice": "en-joe\n"}), ErrorCode.UNKNOWN_VOICE),
-    (json.dumps({"type": "say", "seq": 6, "text": "hi", "voice": "vx:room:b:utt"}), ErrorCode.UNKNOWN_VOICE),
+    (json.dumps({"type": "say", "seq": 6, "text": "hi", "voice": keys.room_utterances("b")}), ErrorCode.UNKNOWN_VOICE),
     (json.dumps({"type": "shout", "seq": 7, "text": "hi"}), ErrorCode.UNKNOWN_TYPE),
     (json.dumps({"seq": 8, "text": "hi"}), ErrorCode.BAD_MESSAGE),
     (json.dumps({"type": "say", "seq": "9", "text": "hi"}), ErrorCode.BAD_MESSAGE),
@@ -210,17 +210,17 @@ async def test_redis_like_input_writes_only_its_own_rooms_keys(quiet_stack: tupl
     before = key_snapshot(redis_url)
     # RESP framing, key names with glob characters, and Lua quoting: all must stay inert data.
     # (Short, because it is spoken in full before the keys are compared.)
-    hostile = "*1\r\n$8\r\nFLUSHALL\r\n vx:room:b:* ')--"
+    hostile = f"*1\r\n$8\r\nFLUSHALL\r\n {keys.room_pattern('b')} ')--"
     async with QueryClient(port, room, client="attacker") as client:
         await client.say(hostile, seq=1)
-        await client.send_json({"type": "say", "seq": 2, "text": "hi", "voice": f"vx:room:{target}:utt"})
-        await client.send_json({"type": "say", "seq": 3, "text": "hi", "scene": {"emotion": f"vx:room:{target}:*"}})
+        await client.send_json({"type": "say", "seq": 2, "text": "hi", "voice": keys.room_utterances(target)})
+        await client.send_json({"type": "say", "seq": 3, "text": "hi", "scene": {"emotion": keys.room_pattern(target)}})
         await client.send_json({"type": "resume", "seq": 2**53 - 1, "chunk": 0})
         await client.wait_ends(1, timeout=60)
         assert client.got.of("start")[0]["text"] == hostile.strip()  # kept verbatim, as data
     await asyncio.to_thread(_wait_until_jobs_settle, redis_url)
     after = key_snapshot(redis_url)
-    own = f"vx:room:{room}:".encode()
+    own = keys.room_prefix(room).encode()
     shared = (b"vx:jobs", b"vx:rooms", b"vx:workers")
     # Worker heartbeats, gateway and worker wake streams and the audio cache (slot = fingerprint mod
     # slots, not chosen by the client) are written by the servers themselves whatever is said.
@@ -228,9 +228,9 @@ async def test_redis_like_input_writes_only_its_own_rooms_keys(quiet_stack: tupl
     touched = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
     outside = {k for k in touched if not k.startswith(own) and k not in shared and not k.startswith(server_owned)}
     assert outside == set(), f"keys outside room {room} changed: {sorted(outside)[:10]}"
-    assert not any(k.startswith(b"vx:room:b:") for k in after)
+    assert not any(k.startswith(keys.room_prefix("b").encode()) for k in after)
     # The named room exists and was not touched: same keys, same values.
-    theirs = f"vx:room:{target}:".encode()
+    theirs = keys.room_prefix(target).encode()
     assert {k: v for k, v in after.items() if k.startswith(theirs)} == \
            {k: v for k, v in before.items() if k.startswith(theirs)} != {}
     assert b"vx:jobs" in after
@@ -287,7 +287,8 @@ def _mutated_say(rng: random.Random) -> dict[str, Any]:
             msg["text"] = rng.choice([None, 123, "", " ", "x" * (MAX_TEXT_CHARS + rng.randrange(3)),
                                       _unicode(rng, rng.randrange(1, 40)), {"a": 1}])
         elif field == "voice":
-            msg["voice"] = rng.choice(["en-joe", "en-espeak", "nope", "", 5, "vx:room:x:utt", _unicode(rng, 8)])
+            msg["voice"] = rng.choice(["en-joe", "en-espeak", "nope", "", 5, keys.room_utterances("x"),
+                                       _unicode(rng, 8)])
         elif field == "scene":
             msg["scene"] = rng.choice([{}, {"emotion": "angry"}, {"Bad Key": "x"}, [], {"a": 5},
                                        {f"k{i}": "v" for i in range(20)}])

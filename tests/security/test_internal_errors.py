@@ -30,5 +30,5 @@ async def test_a_frame_that_fails_unexpectedly_is_answered_internal_and_the_sock
         assert ends[0]["status"] == "ok"
         assert client.got.audio(ends[0]["utterance"]).size > 0
     finally:
-        await r.delete(*[k async for k in r.scan_iter(f"vx:room:{room}:*")])
+        await r.delete(*[k async for k in r.scan_iter(keys.room_pattern(room))])
         await r.aclose()

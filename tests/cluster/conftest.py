@@ -1,0 +1,143 @@
+"""A real Redis Cluster for the tests: 3 primaries and 3 replicas of ``redis-server --cluster-enabled
+yes`` on free ports, joined with ``redis-cli --cluster create``, as an operator would build one.
+
+Started once for this package and torn down after it. No skip: a ``redis-server`` without cluster
+support (or a missing ``redis-cli``) fails these tests, it does not hide them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import redis
+
+from voxroom.redis_server import RedisServer, find_redis_server, free_port
+
+PRIMARIES = 3
+START_TIMEOUT_S = 30.0
+
+
+@dataclass
+class ClusterNode:
+    port: int
+    bus_port: int
+    process: subprocess.Popen[bytes]
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self) -> redis.Redis:
+        """A plain (non-cluster) connection to this one node: it answers for its own slots only."""
+        return redis.Redis(port=self.port, socket_timeout=5)
+
+
+@dataclass
+class RedisClusterProcs:
+    """Six ``redis-server`` processes in cluster mode, in ``data_dir``. ``start()`` returns when
+    every node says ``cluster_state:ok`` and knows all six."""
+
+    data_dir: Path
+    executable: str = field(default_factory=find_redis_server)
+    nodes: list[ClusterNode] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        """``REDIS_URL`` naming one node: all a client is given."""
+        return self.nodes[0].url
+
+    def primaries(self) -> list[ClusterNode]:
+        return [n for n in self.nodes if n.client().info("replication")["role"] == "master"]
+
+    def start(self) -> RedisClusterProcs:
+        cli = shutil.which("redis-cli")
+        if cli is None:
+            raise RuntimeError("redis-cli is not on PATH: install Debian's redis-tools (scripts/system-deps)")
+        for _ in range(2 * PRIMARIES):
+            port, bus = free_port(), free_port()
+            # cluster-port: the bus port would be port + 10000 otherwise, which nobody checked is free.
+            args = [self.executable, "--port", str(port), "--cluster-port", str(bus), "--bind", "127.0.0.1",
+                    "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf",
+                    "--cluster-node-timeout", "5000", "--dir", str(self.data_dir), "--save", "",
+                    "--appendonly", "no", "--protected-mode", "no"]
+            # The server's own log: to a file, never a pipe nobody reads (it would fill and block it).
+            args += ["--logfile", str(self.data_dir / f"redis-{port}.log")]
+            proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+            self.nodes.append(ClusterNode(port, bus, proc))
+        deadline = time.monotonic() + START_TIMEOUT_S
+        for node in self.nodes:
+            self._wait_ping(node, deadline)
+        create = subprocess.run(
+            [cli, "--cluster", "create", *[f"127.0.0.1:{n.port}" for n in self.nodes],
+             "--cluster-replicas", "1", "--cluster-yes"],
+            capture_output=True, text=True, timeout=START_TIMEOUT_S, check=False)
+        if create.returncode != 0:
+            raise RuntimeError(f"redis-cli --cluster create failed:\n{create.stdout}\n{create.stderr}")
+        while not all(self._ready(n) for n in self.nodes):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"cluster not ok within {START_TIMEOUT_S} s:\n{create.stdout}")
+            time.sleep(0.1)
+        return self
+
+    def _wait_ping(self, node: ClusterNode, deadline: float) -> None:
+        while True:
+            if node.process.poll() is not None:
+                log = self.data_dir / f"redis-{node.port}.log"
+                out = log.read_text(errors="replace") if log.exists() else ""
+                raise RuntimeError(f"redis-server --cluster-enabled yes exited with {node.process.returncode} "
+                                   f"({self.executable}):\n{out[-2000:]}")
+            with contextlib.suppress(redis.ConnectionError), node.client() as r:
+                if r.ping():
+                    return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"redis-server on port {node.port} did not answer")
+            time.sleep(0.05)
+
+    @staticmethod
+    def _ready(node: ClusterNode) -> bool:
+        with node.client() as r:
+            info = r.execute_command("CLUSTER", "INFO").decode()
+        fields = dict(line.split(":", 1) for line in info.split() if ":" in line)
+        return (fields.get("cluster_state") == "ok" and fields.get("cluster_known_nodes") == str(2 * PRIMARIES)
+                and fields.get("cluster_slots_ok") == "16384")
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            if node.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(node.process.pid, signal.SIGTERM)
+        for node in self.nodes:
+            try:
+                node.process.wait(10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(node.process.pid, signal.SIGKILL)
+                node.process.wait()
+
+
+@pytest.fixture(scope="package")
+def redis_cluster() -> Iterator[RedisClusterProcs]:
+    with tempfile.TemporaryDirectory(prefix="voxroom-cluster-") as tmp:
+        cluster = RedisClusterProcs(Path(tmp))
+        try:
+            yield cluster.start()
+        finally:
+            cluster.stop()
+
+
+@pytest.fixture(scope="package")
+def single_redis() -> Iterator[RedisServer]:
+    """A private single-instance Redis (the default deployment) for this package: its synthetic
+    worker must not take the other packages' jobs."""
+    with RedisServer() as server:
+        yield server
