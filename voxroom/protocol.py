@@ -365,7 +365,9 @@ class WordMark(TypedDict):
 
     text: str
     start_ms: float
-    """Room-clock time the word begins: ``start.pts_ms`` plus its sample offset in the utterance."""
+    """Room-clock time the word begins: the presentation time of the audio frame that holds it plus
+    its offset within that frame (``start.pts_ms`` plus its offset in the utterance, unless the
+    worker moved the rest of a slow line later)."""
     end_ms: float
     offset: int
     """Position in ``start.text`` in Unicode code points (Python ``str`` indices; JavaScript

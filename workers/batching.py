@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeGuard
 
+from workers.cache import CachedLine
 from workers.engines.base import BatchEngine, Engine, SynthesisRequest
 from workers.job import Utterance
 from workers.jobqueue import JobQueue
@@ -54,10 +55,11 @@ async def gather(engine: Engine, queue: JobQueue, slots: asyncio.Semaphore, wind
 
 def synthesize(name: str, engine: Engine, batch: Sequence[Utterance],
                request: Callable[[Utterance], SynthesisRequest], *, keep: bool, max_slices: int,
-               meter: Meter) -> list[bytes | None]:
-    """Run ``batch`` on ``engine`` to its end (on the context's thread); every row's PCM for the
-    audio cache when ``keep`` (see :meth:`Row.finish`). An engine failure fails the batch's
-    lines, never the context."""
+               meter: Meter) -> list[CachedLine | None]:
+    """Run ``batch`` on ``engine`` to its end (on the context's thread); every row's audio and
+    word marks for the audio cache when ``keep`` (see :meth:`Row.finish`). A line alone on an
+    engine that times its words (``TimedEngine``) gets its marks; rows of a batch get none. An
+    engine failure fails the batch's lines, never the context."""
     started = time.perf_counter()
     rows = [Row(utt, engine.sample_rate, max_slices=max_slices, keep=keep, started=started) for utt in batch]
     try:
@@ -65,8 +67,17 @@ def synthesize(name: str, engine: Engine, batch: Sequence[Utterance],
             for i, pcm in engine.stream_batch([request(u) for u in batch], [u.cancel for u in batch]):
                 rows[i].feed(pcm)
         else:
-            for pcm in engine.stream(request(batch[0]), batch[0].cancel):
-                rows[0].feed(pcm)
+            timed = getattr(engine, "stream_timed", None)
+            if callable(timed):
+                row = rows[0]
+                for item in timed(request(batch[0]), batch[0].cancel):
+                    if isinstance(item, list):
+                        row.mark(item)
+                    else:
+                        row.feed(item)
+            else:
+                for pcm in engine.stream(request(batch[0]), batch[0].cancel):
+                    rows[0].feed(pcm)
     except Exception as exc:
         log.exception("context %s: engine %s failed", name, engine.name)
         for row in rows:

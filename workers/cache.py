@@ -3,6 +3,8 @@
 What is cached is exactly what the slicer produced for the utterance (int16 PCM at the room rate,
 whole 40 ms slices, fades included), so a hit goes through the same publisher as fresh audio:
 same framing, same pacing, same room order, and the Opus copy is encoded from the same samples.
+The line's word marks (times from its first sample) are kept beside it, so a hit sends the same
+captions as the synthesis did.
 
 **Key.** A SHA-256 fingerprint of everything that determines the audio: the engine's name, model
 version (``model_version`` when an engine has one) and rate; the voice's engine, language and
@@ -33,8 +35,9 @@ import logging
 import re
 import unicodedata
 from collections import OrderedDict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -45,14 +48,16 @@ from voxroom import keys
 from voxroom.autopipe import AutoPipeline
 from voxroom.protocol import ROOM_RATE, SLICE_SAMPLES
 from voxroom.voices import Voice
+from workers.engines.marks import WordMark
 
 log = logging.getLogger("voxroom.worker.cache")
 
-FORMAT_VERSION = 1
-"""Bump when what is stored changes (slicer fades, slice size...): old entries stop matching."""
+FORMAT_VERSION = 2
+"""Bump when what is stored changes (slicer fades, slice size...): old entries stop matching.
+2: word marks stored beside the PCM."""
 SLICE_BYTES = SLICE_SAMPLES * 2
 _GET = """
-if redis.call('HGET', KEYS[1], 'fp') == ARGV[1] then return redis.call('HGET', KEYS[1], 'pcm') end
+if redis.call('HGET', KEYS[1], 'fp') == ARGV[1] then return redis.call('HMGET', KEYS[1], 'pcm', 'marks') end
 return false
 """
 _SPACES = re.compile(r"\s+")
@@ -79,6 +84,31 @@ def fingerprint(*, engine: str, model_version: str, engine_rate: int, voice: Voi
                 "prev": switch, "text": normalise_text(text)}
     blob = json.dumps(material, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+class CachedLine(NamedTuple):
+    """One line as the cache keeps it: its slices' PCM and its word marks."""
+
+    pcm: bytes
+    marks: tuple[WordMark, ...] = ()
+
+
+def encode_marks(marks: Sequence[WordMark]) -> bytes:
+    """Compact JSON, one ``[text, offset, length, start_ms, end_ms]`` per word."""
+    rows = [[m.text, m.offset, m.length, round(m.start_ms, 3), round(m.end_ms, 3)] for m in marks]
+    return json.dumps(rows, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def decode_marks(blob: object) -> tuple[WordMark, ...]:
+    """:func:`encode_marks` back; anything else (absent, damaged by hand) is no marks, never an
+    error: the audio is still right, only its captions are missing."""
+    if not isinstance(blob, bytes) or not blob:
+        return ()
+    try:
+        return tuple(WordMark(str(t), int(o), int(n), float(a), float(b)) for t, o, n, a, b in json.loads(blob))
+    except (ValueError, TypeError):
+        log.warning("audio cache entry with unreadable word marks; serving it without them")
+        return ()
 
 
 def to_slices(pcm: bytes) -> list[npt.NDArray[np.int16]]:
@@ -129,17 +159,17 @@ class AudioCache:
         self.entry_max_bytes = entry_max_bytes
         self.ttl_s = ttl_s
         self.lru_entries = lru_entries
-        self._lru: OrderedDict[str, bytes] = OrderedDict()
+        self._lru: OrderedDict[str, CachedLine] = OrderedDict()
         self.store_queue = store_queue
-        self._stores: deque[tuple[str, bytes]] = deque()
+        self._stores: deque[tuple[str, CachedLine]] = deque()
         self._store_ready = asyncio.Event()
         self.stats = CacheStats()
 
     def slot_key(self, fp: str) -> str:
         return keys.cache_slot(int(fp[:15], 16) % self.slots)
 
-    async def get(self, fp: str) -> bytes | None:
-        """The cached PCM for ``fp``, or ``None`` (a miss, or Redis unreachable)."""
+    async def get(self, fp: str) -> CachedLine | None:
+        """The cached line for ``fp``, or ``None`` (a miss, or Redis unreachable)."""
         remembered = self._lru.get(fp)
         if remembered is not None:
             self._lru.move_to_end(fp)
@@ -153,19 +183,22 @@ class AudioCache:
         except (RedisError, OSError) as exc:
             self.stats.errors += 1
             log.warning("audio cache lookup failed (%s); synthesizing", exc)
-        if not isinstance(stored, bytes) or not stored or len(stored) % SLICE_BYTES:
+        pcm = stored[0] if isinstance(stored, list) and len(stored) == 2 else None
+        if not isinstance(pcm, bytes) or not pcm or len(pcm) % SLICE_BYTES:
             self.stats.misses += 1
             return None
-        self._remember(fp, stored)
-        return self._hit(stored)
+        line = CachedLine(pcm, decode_marks(stored[1]))
+        self._remember(fp, line)
+        return self._hit(line)
 
-    def _hit(self, pcm: bytes) -> bytes:
+    def _hit(self, line: CachedLine) -> CachedLine:
         self.stats.hits += 1
-        self.stats.bytes_served += len(pcm)
-        return pcm
+        self.stats.bytes_served += len(line.pcm)
+        return line
 
-    async def put(self, fp: str, pcm: bytes) -> bool:
-        """Store an utterance's PCM (whole slices). ``False`` when it is too long or Redis failed."""
+    async def put(self, fp: str, pcm: bytes, marks: Sequence[WordMark] = ()) -> bool:
+        """Store an utterance's PCM (whole slices) and word marks. ``False`` when it is too long
+        or Redis failed."""
         if len(pcm) > self.entry_max_bytes or not pcm or len(pcm) % SLICE_BYTES:
             self.stats.too_large += 1
             return False
@@ -173,7 +206,8 @@ class AudioCache:
         pipe = self.redis.pipeline(transaction=True)
         # DEL first: a slot is one entry, never a mix of the old line's fields and the new one's.
         pipe.delete(key)
-        pipe.hset(key, mapping={"fp": fp, "pcm": pcm, "rate": ROOM_RATE, "v": FORMAT_VERSION})
+        pipe.hset(key, mapping={"fp": fp, "pcm": pcm, "marks": encode_marks(marks), "rate": ROOM_RATE,
+                                "v": FORMAT_VERSION})
         pipe.expire(key, self.ttl_s)
         try:
             await pipe.execute()
@@ -183,10 +217,10 @@ class AudioCache:
             return False
         self.stats.stores += 1
         self.stats.bytes_stored += len(pcm)
-        self._remember(fp, pcm)
+        self._remember(fp, CachedLine(pcm, tuple(marks)))
         return True
 
-    def store_later(self, fp: str, pcm: bytes) -> bool:
+    def store_later(self, fp: str, line: CachedLine) -> bool:
         """Queue a store for :meth:`run_stores` and return at once. A store moves an utterance's
         whole PCM (about 100 kB for 2 s) through the loop and the Redis connection; done inline,
         100 rooms' stores landed in the same few milliseconds as their first slices and delayed
@@ -195,7 +229,7 @@ class AudioCache:
         if len(self._stores) >= self.store_queue:
             self.stats.dropped_stores += 1
             return False
-        self._stores.append((fp, pcm))
+        self._stores.append((fp, line))
         self._store_ready.set()
         return True
 
@@ -205,19 +239,19 @@ class AudioCache:
             while not self._stores:
                 self._store_ready.clear()
                 await self._store_ready.wait()
-            fp, pcm = self._stores.popleft()
+            fp, line = self._stores.popleft()
             try:
-                await self.put(fp, pcm)
+                await self.put(fp, line.pcm, line.marks)
             except Exception:  # put counts Redis failures itself; anything else is a bug, keep going
                 log.exception("audio cache store failed")
 
     async def aclose(self) -> None:
         await self._auto.aclose()
 
-    def _remember(self, fp: str, pcm: bytes) -> None:
+    def _remember(self, fp: str, line: CachedLine) -> None:
         if self.lru_entries <= 0:
             return
-        self._lru[fp] = pcm
+        self._lru[fp] = line
         self._lru.move_to_end(fp)
         while len(self._lru) > self.lru_entries:
             self._lru.popitem(last=False)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from workers.cache import AudioCache, fingerprint, to_slices
+from workers.cache import AudioCache, CachedLine, fingerprint, to_slices
 from workers.engines.base import Engine, SynthesisRequest
 from workers.job import Utterance
 
@@ -43,12 +43,12 @@ class CachedAudio:
         publisher as for fresh audio). ``False``: a miss, synthesize it."""
         if self.cache is None:
             return False
-        pcm = await self._lookup(engine, utt)
-        if pcm is None:
+        line = await self._lookup(engine, utt)
+        if line is None:
             return False
         on_started(utt)
         utt.claim("cache")  # nothing else started it: always granted
-        _serve_pcm(utt, pcm)
+        _serve(utt, line)
         return True
 
     async def race(self, engine: Engine, utt: Utterance) -> None:
@@ -59,19 +59,19 @@ class CachedAudio:
         chunk tens) and stops the engine's row."""
         if self.cache is None:
             return
-        pcm = await self._lookup(engine, utt)
-        if pcm is None or not utt.claim("cache"):
+        line = await self._lookup(engine, utt)
+        if line is None or not utt.claim("cache"):
             return  # a miss, or the engine's audio already began: that plays, whole
         utt.cancel.set()  # the engine drops the row at its next step (see Row.finish)
-        _serve_pcm(utt, pcm)
+        _serve(utt, line)
 
-    def store(self, engine: Engine, utt: Utterance, pcm: bytes | None) -> None:
-        """Keep a line's audio. ``None``, or a line failed or cancelled by now (cut short, lost to
-        another worker): not the line's audio, never stored. Runs on the event loop."""
-        if self.cache is not None and pcm and utt.error is None and not utt.cancel.is_set():
-            self.cache.store_later(self.key(engine, utt), pcm)
+    def store(self, engine: Engine, utt: Utterance, line: CachedLine | None) -> None:
+        """Keep a line's audio and marks. ``None``, or a line failed or cancelled by now (cut
+        short, lost to another worker): not the line's audio, never stored. Runs on the event loop."""
+        if self.cache is not None and line and line.pcm and utt.error is None and not utt.cancel.is_set():
+            self.cache.store_later(self.key(engine, utt), line)
 
-    async def _lookup(self, engine: Engine, utt: Utterance) -> bytes | None:
+    async def _lookup(self, engine: Engine, utt: Utterance) -> CachedLine | None:
         assert self.cache is not None
         try:
             return await self.cache.get(self.key(engine, utt))
@@ -80,7 +80,8 @@ class CachedAudio:
             return None
 
 
-def _serve_pcm(utt: Utterance, pcm: bytes) -> None:
+def _serve(utt: Utterance, line: CachedLine) -> None:
     utt.engine_first_chunk_ms = 0.0
-    utt.slices.extend(to_slices(pcm))
+    utt.slices.add_marks(line.marks)  # before the slices, as an engine gives them
+    utt.slices.extend(to_slices(line.pcm))
     utt.slices.close()

@@ -36,7 +36,7 @@ from voxroom.errors import EngineError
 from voxroom.protocol import SLICE_MS
 from voxroom.voices import Catalog
 from workers import batching
-from workers.cache import AudioCache
+from workers.cache import AudioCache, CachedLine
 from workers.cached import CachedAudio, fingerprint_of
 from workers.engines.base import ContinuousEngine, Engine, SynthesisRequest
 from workers.job import MAX_UTTERANCE_SLICES, Utterance, switch_of
@@ -163,7 +163,7 @@ class Context:
             for utt, pcm in zip(batch, future.result(), strict=True):
                 self._cached.store(engine, utt, pcm)
 
-    def _synthesize(self, engine: Engine, batch: list[Utterance]) -> list[bytes | None]:
+    def _synthesize(self, engine: Engine, batch: list[Utterance]) -> list[CachedLine | None]:
         """On the context thread."""
         return batching.synthesize(self.name, engine, batch, self._request, keep=self.cache is not None,
                                    max_slices=self.max_slices, meter=self)

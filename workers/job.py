@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
@@ -13,6 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from voxroom.voices import Catalog, Voice
+from workers.engines.marks import WordMark
 
 
 @dataclass(slots=True)
@@ -97,6 +98,21 @@ class SliceBuffer:
         self._ready = asyncio.Event()
         self._wake_pending = False
         self.produced = 0
+        self._marks: deque[WordMark] = deque()
+
+    def add_marks(self, marks: Iterable[WordMark]) -> None:
+        """Word marks of this utterance (times from its first sample), from the synthesis thread.
+        No wake: an engine gives each mark before the chunk that holds its start
+        (``TimedEngine``), so the publisher finds it when it takes that chunk's slice; marks
+        that come later (an estimate after its audio) go out with the next slice or the end."""
+        self._marks.extend(marks)
+
+    def take_marks(self) -> list[WordMark]:
+        """The marks added since the last call (on the loop)."""
+        out: list[WordMark] = []
+        while self._marks:
+            out.append(self._marks.popleft())
+        return out
 
     def put(self, item: npt.NDArray[np.int16]) -> None:
         self.extend((item,))

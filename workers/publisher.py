@@ -10,6 +10,11 @@ When the engine cannot keep up with real time (ChatTTS on a CPU), a slice would 
 its presentation time; instead the rest of the utterance is moved later (a gap the client hears as
 a pause, never as skipped audio).
 
+Word marks (``workers/engines/marks.py``; times from the utterance's first sample) go out as a
+``marks`` entry right before the slice that holds their start, put on the room clock by that
+slice's presentation time: a late shift moves the words with the audio, and every client gets the
+words before the audio they describe.
+
 Every write goes through a script that checks the job is still this worker's (``workers/bus.py``):
 when another worker took it over, :class:`workers.bus.OwnershipLost` ends the publishing at once
 and nothing more of this take reaches the room.
@@ -18,13 +23,16 @@ and nothing more of this take reaches the room.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from voxroom import protocol
 from voxroom.clock import RoomClock
 from voxroom.opus import OpusEncoder
 from voxroom.output_entries import EntryFields, chunk_fields, entry_fields
 from voxroom.protocol import CODEC_OPUS, ROOM_RATE, SLICE_SAMPLES, AudioFrame, end_message, start_message
 from workers.bus import Turn, WorkerBus
+from workers.engines import marks as engine_marks
 from workers.job import Utterance
 
 log = logging.getLogger("voxroom.worker.publisher")
@@ -43,6 +51,45 @@ class PublishResult:
     first_slice_ms: float | None
     """Room-clock time the first slice was published (for time-to-first-audio metrics)."""
     late_shifts: int
+
+
+class MarkClock:
+    """An utterance's word marks on the room clock: each waits until the slice that holds its
+    start is published, then takes that slice's presentation time plus its offset within it.
+    Holds the presentation time of each slice published (at most ``MAX_UTTERANCE_SLICES``)."""
+
+    __slots__ = ("_pts", "_waiting")
+
+    def __init__(self) -> None:
+        self._waiting: list[engine_marks.WordMark] = []
+        self._pts: list[float] = []
+
+    def slice_at(self, pts_ms: float) -> None:
+        """The next slice goes out with this presentation time."""
+        self._pts.append(pts_ms)
+
+    def _room_ms(self, ms: float) -> float:
+        k = min(int(ms // SLICE_MS), len(self._pts) - 1)
+        return self._pts[k] + ms - k * SLICE_MS
+
+    def due(self, new: Iterable[engine_marks.WordMark]) -> list[protocol.WordMark]:
+        """The marks whose slice is out by now (with :meth:`slice_at`'s latest), on the room
+        clock; the others keep waiting. A mark past the last slice at the end (a line cut short)
+        never goes out."""
+        self._waiting.extend(new)
+        if not self._waiting or not self._pts:
+            return []
+        limit = len(self._pts) * SLICE_MS
+        ready = [m for m in self._waiting if m.start_ms < limit]
+        if not ready:
+            return []
+        self._waiting = [m for m in self._waiting if m.start_ms >= limit]
+        out: list[protocol.WordMark] = []
+        for m in sorted(ready, key=lambda m: m.start_ms):
+            start = self._room_ms(max(0.0, m.start_ms))
+            out.append({"text": m.text, "offset": m.offset, "length": m.length, "start_ms": start,
+                        "end_ms": max(start, self._room_ms(m.end_ms))})
+        return out
 
 
 async def wait_for_turn(bus: WorkerBus, utt: Utterance, clock: RoomClock,
@@ -115,6 +162,7 @@ async def publish_utterance(bus: WorkerBus, utt: Utterance, clock: RoomClock, *,
     # 0.3 ms a slice on this loop); a listener who joins mid-utterance gets PCM until the next one.
     wanted = opus_bitrate > 0 and state.opus_wanted and first is not None
     encoder = OpusEncoder(bitrate=opus_bitrate) if wanted else None
+    words = MarkClock()
     while item is not None:
         if paced and next_pts < clock.now_ms() + SLICE_MS / 2:
             # The engine fell behind real time: move the rest later rather than publish it late.
@@ -123,6 +171,10 @@ async def publish_utterance(bus: WorkerBus, utt: Utterance, clock: RoomClock, *,
         if paced:
             # Rounded to a shared tick: rooms' slices due together leave in one pipeline.
             await clock.sleep_until(next_pts - lead_ms, tick_ms=PACING_TICK_MS)
+        words.slice_at(next_pts)
+        heard = words.due(utt.slices.take_marks())
+        if heard:
+            pending.append(entry_fields(protocol.marks_message(job.seq, heard)))
         frame = AudioFrame(room=job.room, seq=job.seq, chunk=chunk, pts_us=int(next_pts * 1000),
                            sample_rate=ROOM_RATE, samples=int(item.size), payload=item.tobytes(),
                            first=chunk == 0, last=utt.slices.next_is_end())
@@ -142,6 +194,9 @@ async def publish_utterance(bus: WorkerBus, utt: Utterance, clock: RoomClock, *,
             if first_ms is None:
                 first_ms = clock.now_ms()
         item = await utt.slices.get()
+    late = words.due(utt.slices.take_marks())  # an estimate given after its audio
+    if late:
+        pending.append(entry_fields(protocol.marks_message(job.seq, late)))
     if pending:  # also the start entry of an utterance that produced no audio at all
         await bus.publish(job, pending, started=mark_started)
         first_ms = first_ms if first_ms is not None else clock.now_ms()

@@ -13,6 +13,8 @@ from typing import Protocol
 
 import numpy as np
 
+from workers.cache import CachedLine
+from workers.engines.marks import WordMark
 from workers.job import Utterance
 from workers.slicer import Slice, Slicer
 
@@ -33,13 +35,14 @@ class Row:
     and the clock its first chunk is timed from (``started``: a batch's rows share one). Owned by
     the one thread that runs its engine."""
 
-    __slots__ = ("kept", "max_slices", "slicer", "started", "utt")
+    __slots__ = ("kept", "kept_marks", "max_slices", "slicer", "started", "utt")
 
     def __init__(self, utt: Utterance, engine_rate: int, *, max_slices: int, keep: bool,
                  started: float | None = None) -> None:
         self.utt = utt
         self.slicer = Slicer(engine_rate)
         self.kept: list[Slice] | None = [] if keep else None
+        self.kept_marks: list[WordMark] = []
         self.started = time.perf_counter() if started is None else started
         self.max_slices = max_slices
         utt.synth_started_ms = time.time() * 1000.0
@@ -70,16 +73,30 @@ class Row:
         if self.kept is not None:
             self.kept += pieces
 
+    def mark(self, marks: list[WordMark]) -> None:
+        """Word marks from a timed engine (``TimedEngine.stream_timed``): on to the publisher,
+        which puts each on the room clock by the slice that holds it, and kept for the cache.
+        Like audio, they make the engine the line's source (whichever has output first)."""
+        utt = self.utt
+        if not marks or utt.cancel.is_set():
+            return
+        if utt.source != "engine" and not utt.claim("engine"):
+            return
+        utt.slices.add_marks(marks)
+        if self.kept is not None:
+            self.kept_marks += marks
+
     def fail(self, reason: str) -> None:
         """The engine failed this row (call :meth:`finish` next). A line the audio cache took
         over is not failed by the engine."""
         if self.utt.claim("engine"):
             self.utt.error = reason
 
-    def finish(self, meter: Meter) -> bytes | None:
+    def finish(self, meter: Meter) -> CachedLine | None:
         """End the row, once, whatever path it took: the last slice (unless the line was
         cancelled, cut or failed), the utterance's slices closed, its audio counted. Returns the
-        line's PCM for the audio cache when it was kept and is the whole line, else ``None``."""
+        line's PCM and marks for the audio cache when it was kept and is the whole line, else
+        ``None``."""
         utt = self.utt
         if not utt.claim("engine"):
             return None  # the audio cache served this line; its slices are closed already
@@ -94,4 +111,4 @@ class Row:
         if not whole or not self.kept:
             return None
         # Joined here, on the engine's thread: never on the event loop.
-        return b"".join(piece.tobytes() for piece in self.kept)
+        return CachedLine(b"".join(piece.tobytes() for piece in self.kept), tuple(self.kept_marks))

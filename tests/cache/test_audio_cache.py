@@ -12,7 +12,8 @@ from redis.backoff import NoBackoff
 from voxroom import keys
 from voxroom.protocol import SLICE_SAMPLES
 from voxroom.voices import Voice
-from workers.cache import SLICE_BYTES, AudioCache, fingerprint, normalise_text, to_slices
+from workers.cache import SLICE_BYTES, AudioCache, CachedLine, fingerprint, normalise_text, to_slices
+from workers.engines.marks import WordMark
 
 VOICE = Voice("v", "espeak", "eng", params={"voice": "en-us"})
 
@@ -53,13 +54,18 @@ async def test_put_then_get_round_trips_and_the_lru_answers_without_redis(redis_
         assert await cache.put(fp, pcm)
         assert await redis.ttl(cache.slot_key(fp)) > 0
         fresh = AudioCache(redis, slots=64, lru_entries=4)  # another worker: only Redis knows the line
-        assert await fresh.get(fp) == pcm
-        assert await fresh.get(fp) == pcm
+        assert await fresh.get(fp) == CachedLine(pcm)
+        assert await fresh.get(fp) == CachedLine(pcm)
         assert (fresh.stats.hits, fresh.stats.lru_hits, fresh.stats.misses) == (2, 1, 0)
         assert fresh.stats.bytes_served == 2 * len(pcm)
         assert b"".join(s.tobytes() for s in to_slices(pcm)) == pcm
         assert all(s.size == SLICE_SAMPLES for s in to_slices(pcm))
         assert cache.stats.misses == 1 and cache.stats.stores == 1 and cache.stats.hit_rate == 0.0
+        # Word marks travel with the audio, through Redis, unchanged (times to the µs).
+        marked = _fp(f"marked {uuid.uuid4()}")
+        words = (WordMark("Night", 0, 5, 12.5, 301.25), WordMark("狼", 6, 1, 301.25, 520.0))
+        assert await cache.put(marked, pcm, words)
+        assert await AudioCache(redis, slots=64, lru_entries=0).get(marked) == CachedLine(pcm, words)
         assert set(fresh.stats.fields()) >= {"cache.hits", "cache.misses", "cache.bytes_served"}
     finally:
         await redis.aclose()
@@ -74,7 +80,7 @@ async def test_the_key_space_is_bounded_a_slot_holds_one_line_and_long_lines_are
         assert await cache.put(first, _pcm(2, 2))
         assert await cache.put(second, _pcm(3, 3))
         assert await cache.get(first) is None  # evicted by the line that shared its slot
-        assert await cache.get(second) == _pcm(3, 3)
+        assert await cache.get(second) == CachedLine(_pcm(3, 3))
         assert not await cache.put(first, _pcm(5, 4))  # over entry_max_bytes
         assert not await cache.put(first, b"\x00" * (SLICE_BYTES + 1))  # not whole slices
         assert cache.stats.too_large == 2

@@ -17,7 +17,7 @@ from redis.asyncio import Redis
 
 from voxroom.protocol import ROOM_RATE, SLICE_SAMPLES
 from voxroom.voices import Catalog
-from workers.cache import AudioCache
+from workers.cache import AudioCache, CachedLine
 from workers.context import Context
 from workers.engines.synthetic import SyntheticEngine
 from workers.job import Job, SliceBuffer, Utterance
@@ -92,7 +92,7 @@ def _tone(slices: int) -> bytes:
 class _SlowCache(AudioCache):
     """A real cache whose answers come late (as from a Redis far away or busy)."""
 
-    async def get(self, fp: str) -> bytes | None:
+    async def get(self, fp: str) -> CachedLine | None:
         await asyncio.sleep(0.15)
         return await super().get(fp)
 
@@ -133,7 +133,7 @@ async def test_a_cache_hit_takes_the_line_from_an_engine_already_started(redis_u
         await asyncio.sleep(0.1)
         assert hit.slices.produced == len(stored) // (2 * SLICE_SAMPLES)
         assert ctx.audio_seconds == pytest.approx(engine.duration_s(miss.job.text), abs=1e-3), "only the miss"
-        assert await cache.get(ctx._fingerprint(engine, hit)) == stored, "the hit's entry untouched"
+        assert await cache.get(ctx._fingerprint(engine, hit)) == CachedLine(stored), "the hit's entry untouched"
     finally:
         runner.cancel()
         ctx.close()
