@@ -8,6 +8,10 @@ cache. The gateway reads that room's output stream itself and streams the audio 
 encoded to ``response_format``, with chunked transfer. Workers publish private rooms unpaced
 (nobody plays them in real time), so the response ends as soon as synthesis does.
 
+``POST /v1/audio/speech/captioned`` (and Kokoro-FastAPI's ``/dev/captioned_speech``) is the same
+request, checked and opened by the same functions (:func:`checked`, :func:`opened`), answered
+with the audio and its word timestamps as JSON (app/captioned.py).
+
 When it ends the room's keys are deleted; when the caller goes away first, they are set to expire
 instead (the worker may still be publishing into them) and the room is dropped from ``vx:rooms``.
 
@@ -25,7 +29,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 from redis.asyncio import Redis
@@ -34,7 +38,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
-from app import openai_compat
+from app import captioned, openai_compat
 from app.openai_compat import mixed_voice, openai_voice
 from app.speech_formats import CONTENT_TYPES, MAX_SPEED, MIN_SPEED, Encoder, available_formats, make_encoder, refusal
 from app.speech_room import MAX_INPUT_CHARS, RoomBusy, SpeechRoom, StreamSlots, cleanup, split_input
@@ -118,30 +122,30 @@ def _options(body: dict[str, Any]) -> tuple[list[str], str, float] | Response:
 
 
 async def _body(reader: SpeechRoom, encoder: Encoder) -> AsyncIterator[bytes]:
-    try:
-        while slices := await reader.read():
-            out = b"".join(encoder.feed(s) for s in slices)
-            if out:
-                yield out
-        reader.finished = True
-        tail = encoder.finish()
-        if tail:
-            yield tail
-        if reader.status != "ok":
-            log.warning("speech room %s ended %s: %s", reader.room, reader.status, reader.error)
-    except TimeoutError as exc:
-        log.warning("speech: %s; ending the response early", exc)
-    except (RedisError, OSError, RoomBusy) as exc:
-        log.warning("speech room %s: could not say its next line (%s); ending the response early", reader.room, exc)
+    async for slices in reader.batches():
+        out = b"".join(encoder.feed(s) for s in slices)
+        if out:
+            yield out
+    tail = encoder.finish() if reader.finished else b""
+    if tail:
+        yield tail
+
+
+async def release(reader: SpeechRoom, slots: StreamSlots) -> None:
+    """Give the stream slot back and clean the room up (deleted when it finished, else left to
+    expire); safe inside a cancelled scope (the client gone)."""
+    slots.release()
+    with anyio.CancelScope(shield=True):
+        await cleanup(reader.redis, reader.room, finished=reader.finished)
 
 
 class _SpeechResponse(StreamingResponse):
     """Gives the stream slot back and cleans the room up however the response ends: also when the
     client is gone before the body started (a body generator that never ran has no ``finally``)."""
 
-    def __init__(self, reader: SpeechRoom, encoder: Encoder, slots: StreamSlots, media_type: str,
+    def __init__(self, body: AsyncIterator[bytes], reader: SpeechRoom, slots: StreamSlots, media_type: str,
                  headers: dict[str, str]) -> None:
-        super().__init__(_body(reader, encoder), media_type=media_type, headers=headers)
+        super().__init__(body, media_type=media_type, headers=headers)
         self._reader = reader
         self._slots = slots
 
@@ -149,10 +153,7 @@ class _SpeechResponse(StreamingResponse):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self._slots.release()
-            # Possibly inside a cancelled scope (client gone): clean up outside that cancellation.
-            with anyio.CancelScope(shield=True):
-                await cleanup(self._reader.redis, self._reader.room, finished=self._reader.finished)
+            await release(self._reader, self._slots)
 
 
 def _authorize(request: Request, state: GatewayState) -> Response | None:
@@ -171,7 +172,19 @@ def _authorize(request: Request, state: GatewayState) -> Response | None:
     return None
 
 
-async def _speech(request: Request, slots: StreamSlots) -> Response:
+class Speech(NamedTuple):
+    """A request's checked parts: what to say, how, and in what voice."""
+
+    lines: list[str]
+    fmt: str
+    speed: float
+    voice: Voice
+    body: dict[str, Any]
+
+
+async def checked(request: Request) -> Speech | Response:
+    """The request authorized, read and checked (``POST /v1/audio/speech``'s body), or the
+    401/403/400 to answer."""
     state: GatewayState = request.app.state.voxroom
     denied = _authorize(request, state)
     if denied is not None:
@@ -182,11 +195,17 @@ async def _speech(request: Request, slots: StreamSlots) -> Response:
     options = _options(body)
     if isinstance(options, Response):
         return options
-    lines, fmt, speed = options
     voice = _voice(state, body)
     if isinstance(voice, Response):
         return voice
-    encoder = make_encoder(fmt, speed)  # refusal() said yes: raises nothing here
+    return Speech(*options, voice, body)
+
+
+async def opened(request: Request, slots: StreamSlots, speech: Speech, *, marks: bool = False) -> SpeechRoom | Response:
+    """The private room saying ``speech``, holding a stream slot and its first audio, or the
+    503/500 to answer (the slot given back). The caller gives the slot back with :func:`release`.
+    ``marks``: keep the lines' word marks (:attr:`SpeechRoom.words`)."""
+    state: GatewayState = request.app.state.voxroom
     # The slot is taken with no await since the check: a burst never passes the limit.
     if state.draining or not slots.reserve():
         log.warning("speech: %d streams open, refusing another", slots.active)
@@ -194,7 +213,7 @@ async def _speech(request: Request, slots: StreamSlots) -> Response:
     room = f"{keys.PRIVATE_ROOM_PREFIX}{uuid.uuid4().hex}"
     redis: Redis = state.hub.redis
     assert state.streams is not None, "the lifespan makes it"
-    reader = SpeechRoom(redis, room, state.streams, state.ingress, voice.id, lines)
+    reader = SpeechRoom(redis, room, state.streams, state.ingress, speech.voice.id, speech.lines, keep_marks=marks)
     refused: Response | None = None
     try:
         # Wait for the first audio before answering, so that a failure is a status, not an empty body.
@@ -208,9 +227,7 @@ async def _speech(request: Request, slots: StreamSlots) -> Response:
         refused = api_error(503, "no worker produced audio in time; retry later", "timeout",
                             headers={"Retry-After": "5"})
     except BaseException:
-        slots.release()
-        with anyio.CancelScope(shield=True):
-            await cleanup(redis, room, finished=False)
+        await release(reader, slots)
         raise
     if refused is not None:
         slots.release()
@@ -223,18 +240,66 @@ async def _speech(request: Request, slots: StreamSlots) -> Response:
         slots.release()
         await cleanup(redis, room, finished=True)
         return api_error(500, f"synthesis failed: {reader.error or reader.status}", "synthesis_failed")
-    log.info("speech: room %s voice %s format %s speed %.2f, %d line(s), %d characters", room, voice.id, fmt,
-             speed, len(lines), sum(len(line) for line in lines))
-    return _SpeechResponse(reader, encoder, slots, CONTENT_TYPES[fmt], {"X-Voxroom-Voice": voice.id})
+    log.info("speech: room %s voice %s format %s speed %.2f, %d line(s), %d characters", room, speech.voice.id,
+             speech.fmt, speech.speed, len(speech.lines), sum(len(line) for line in speech.lines))
+    return reader
+
+
+def stream(reader: SpeechRoom, slots: StreamSlots, body: AsyncIterator[bytes], media_type: str,
+           headers: dict[str, str]) -> Response:
+    """A chunked response of ``body`` that releases ``reader``'s slot and room however it ends."""
+    return _SpeechResponse(body, reader, slots, media_type, headers)
+
+
+async def _speech(request: Request, slots: StreamSlots) -> Response:
+    speech = await checked(request)
+    if isinstance(speech, Response):
+        return speech
+    encoder = make_encoder(speech.fmt, speech.speed)  # refusal() said yes: raises nothing here
+    reader = await opened(request, slots, speech)
+    if isinstance(reader, Response):
+        return reader
+    return stream(reader, slots, _body(reader, encoder), CONTENT_TYPES[speech.fmt],
+                  {"X-Voxroom-Voice": speech.voice.id})
+
+
+async def _captioned(request: Request, slots: StreamSlots) -> Response:
+    """The same request with word timestamps (app/captioned.py), as NDJSON or one JSON object."""
+    speech = await checked(request)
+    if isinstance(speech, Response):
+        return speech
+    how = captioned.options(speech.body)
+    if isinstance(how, Response):
+        return how
+    encoder = make_encoder(speech.fmt, speech.speed)
+    reader = await opened(request, slots, speech, marks=how.timestamps)
+    if isinstance(reader, Response):
+        return reader
+    captions = captioned.Captions(reader, speech.body["input"], speech.speed) if how.timestamps else None
+    headers = {"X-Voxroom-Voice": speech.voice.id}
+    if how.stream:
+        return stream(reader, slots, captioned.ndjson(reader, encoder, speech.fmt, captions), captioned.NDJSON_TYPE,
+                      headers)
+    try:
+        return await captioned.whole(reader, encoder, speech.fmt, captions, headers)
+    finally:
+        await release(reader, slots)
 
 
 def routes(settings: Settings) -> list[BaseRoute]:
-    """The speech route, then the OpenAI extras (app/openai_compat.py), whose ``/v1`` catch-all
-    must stay last."""
+    """The speech routes (one stream cap for both), then the OpenAI extras (app/openai_compat.py),
+    whose ``/v1`` catch-all must stay last. Captioned speech also answers at Kokoro-FastAPI's path."""
     slots = StreamSlots(settings.speech_max_streams)
 
     @json_errors
     async def speech(request: Request) -> Response:
         return await _speech(request, slots)
 
-    return [Route("/v1/audio/speech", speech, methods=["POST"]), *openai_compat.routes()]
+    @json_errors
+    async def captioned_speech(request: Request) -> Response:
+        return await _captioned(request, slots)
+
+    return [Route("/v1/audio/speech", speech, methods=["POST"]),
+            Route("/v1/audio/speech/captioned", captioned_speech, methods=["POST"]),
+            Route("/dev/captioned_speech", captioned_speech, methods=["POST"]),
+            *openai_compat.routes()]

@@ -5,14 +5,20 @@ in the same private room; the worker plays a room's lines in order, so reading i
 from the start gives one continuous audio stream. Lines are handed to the room a few at a time
 (:data:`WINDOW`), so a 4096-character input never meets the room's own back-pressure
 (``max_pending_per_room``) and a caller who hangs up leaves little queued behind.
+
+Word marks (``marks`` entries, from engines that time words) are kept as :class:`HeardWord`, on
+the response's own clock: private rooms are published unpaced, so a word's time in its line is
+its ``start_ms`` less the line's ``start.pts_ms``, and the line's audio begins after every sample
+of the lines before it.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import numpy as np
 from prometheus_client import Gauge
@@ -21,7 +27,8 @@ from redis.exceptions import RedisError
 
 from app.ingress import Ingress
 from voxroom import keys, metrics
-from voxroom.protocol import MAX_TEXT_CHARS, AudioFrame
+from voxroom.output_entries import control_from_entry
+from voxroom.protocol import MAX_TEXT_CHARS, ROOM_RATE, AudioFrame
 from voxroom.stream_watcher import StreamWatcher
 from workers.engines.chattts.text_split import split_text
 
@@ -41,6 +48,18 @@ STREAMS_OPEN = Gauge("voxroom_speech_streams", "POST /v1/audio/speech responses 
 STREAMS_PEAK = Gauge("voxroom_speech_streams_peak",
                      "Most POST /v1/audio/speech stream slots held at once since the gateway started.",
                      registry=metrics.REGISTRY)
+
+
+class HeardWord(NamedTuple):
+    """One word of one line, timed from the first sample of the response's audio (at speed 1)."""
+
+    line: int
+    text: str
+    start_ms: float
+    end_ms: float
+    offset: int
+    """Code points before the word in its line (``lines[line]``)."""
+    length: int
 
 
 class RoomBusy(Exception):
@@ -125,6 +144,14 @@ class SpeechRoom:
     """``ok`` once every line ended well; the first other status ends the response."""
     error: str = ""
     buffered: list[np.ndarray[Any, Any]] = field(default_factory=list)
+    keep_marks: bool = False
+    """Keep the lines' word marks in :attr:`words` (else ``marks`` entries are skipped)."""
+    words: list[HeardWord] = field(default_factory=list)
+    samples: int = 0
+    """Samples of every ``chunk`` entry read so far."""
+    _line_at_ms: float = 0.0
+    """Where the current line's audio begins in the response, and its ``start.pts_ms``."""
+    _line_pts_ms: float = 0.0
 
     @property
     def key(self) -> str:
@@ -167,6 +194,9 @@ class SpeechRoom:
                     frame = AudioFrame.decode(fields[b"frame"])
                     slices.append(np.frombuffer(frame.payload, dtype="<i2").astype(np.int16))
                     self.chunks += 1
+                    self.samples += frame.samples
+                elif self.keep_marks and kind in (b"start", b"marks"):
+                    self._keep(fields)
                 elif kind == b"end":
                     self.ended += 1
                     status = fields.get(b"status", b"ok").decode()
@@ -181,3 +211,37 @@ class SpeechRoom:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no audio from room {self.room} in {IDLE_TIMEOUT_S:.0f} s")
         return []
+
+    def _keep(self, fields: dict[bytes, bytes]) -> None:
+        try:
+            msg = control_from_entry(fields)
+        except ValueError as exc:  # a damaged entry costs its words, never the audio
+            log.warning("speech room %s: %s", self.room, exc)
+            return
+        if msg is None:
+            return
+        if msg["type"] == "start":
+            self._line_at_ms, self._line_pts_ms = self.samples * 1000 / ROOM_RATE, msg["pts_ms"]
+        elif msg["type"] == "marks":
+            shift = self._line_at_ms - self._line_pts_ms
+            try:
+                self.words += [HeardWord(self.ended, str(w["text"]), float(w["start_ms"]) + shift,
+                                         float(w["end_ms"]) + shift, int(w["offset"]), int(w["length"]))
+                               for w in msg["words"]]
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning("speech room %s: malformed marks entry (%r)", self.room, exc)
+
+    async def batches(self) -> AsyncIterator[list[np.ndarray[Any, Any]]]:
+        """:meth:`read` until the last line ended (then :attr:`finished` is set). A failure ends
+        the batches early, logged: the caller's response is already under way."""
+        try:
+            while slices := await self.read():
+                yield slices
+            self.finished = True
+            if self.status != "ok":
+                log.warning("speech room %s ended %s: %s", self.room, self.status, self.error)
+        except TimeoutError as exc:
+            log.warning("speech: %s; ending the response early", exc)
+        except (RedisError, OSError, RoomBusy) as exc:
+            log.warning("speech room %s: could not say its next line (%s); ending the response early",
+                        self.room, exc)
