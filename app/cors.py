@@ -31,9 +31,10 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-CORS_PATHS = ("/client", "/v1")
+CORS_PATHS = ("/client", "/v1", "/dev/captioned_speech")
 """Path prefixes (whole segments) open to other origins: the ES modules and the AudioWorklet a
-page imports, and the HTTP API (voices, models, speech, and its JSON errors)."""
+page imports, and the HTTP API (voices, models, speech, and its JSON errors), with the captioned
+speech endpoint also at Kokoro-FastAPI's path."""
 
 EXPOSE_HEADERS = ("Retry-After", "X-Voxroom-Voice")
 """Response headers a page's script may read besides the CORS-safelisted ones: when to retry a

@@ -16,12 +16,13 @@ bounded number per call (docs/operations.md, "Room lifecycle").
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 from redis.asyncio import Redis
 
-from voxroom import keys
+from voxroom import keys, line_lexicon
 from voxroom.autopipe import AutoPipeline
 from voxroom.settings import Settings
 
@@ -31,7 +32,8 @@ bounded, and since one ``say`` adds at most one room, stale entries go faster th
 
 # KEYS: 1 senders, 2 seq, 3 utt, 4 jobs, 5 state, 6 rooms, 7 out.
 # ARGV: 1 sender, 2 client seq, 3 text, 4 voice, 5 now ms, 6 utt maxlen, 7 jobs maxlen, 8 room,
-#       9 max pending, 10 idle ttl s, 11 stale cutoff ms, 12 stale entries per call, 13 switch lines.
+#       9 max pending, 10 idle ttl s, 11 stale cutoff ms, 12 stale entries per call, 13 switch lines,
+#       14 the line's own lexicon as JSON ('' for none).
 _SAY = """
 local last = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
 if tonumber(ARGV[2]) <= last then return {0, last} end
@@ -64,19 +66,23 @@ if prev ~= ARGV[4] then
   end
   from = prev
 end
-local switch = {}
+local extra = {}
 if from then
-  switch = {'switch_from', from, 'switch_line', line, 'switch_lines', lines}
+  extra = {'switch_from', from, 'switch_line', line, 'switch_lines', lines}
   if line + 1 >= lines then
     redis.call('HDEL', KEYS[5], 'switch_from', 'switch_line', 'switch_lines')
   else
     redis.call('HSET', KEYS[5], 'switch_from', from, 'switch_line', line + 1, 'switch_lines', lines)
   end
 end
+if ARGV[14] ~= '' then
+  extra[#extra + 1] = 'lexicon'
+  extra[#extra + 1] = ARGV[14]
+end
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[6], '*', 'seq', seq, 'text', ARGV[3], 'voice', ARGV[4],
            'sender', ARGV[1], 'client_seq', ARGV[2], 'time', ARGV[5])
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[7], '*', 'room', ARGV[8], 'seq', seq, 'text', ARGV[3],
-           'voice', ARGV[4], 'prev_voice', prev, 'sender', ARGV[1], 'time', ARGV[5], unpack(switch))
+           'voice', ARGV[4], 'prev_voice', prev, 'sender', ARGV[1], 'time', ARGV[5], unpack(extra))
 redis.call('EXPIRE', KEYS[1], ARGV[10])
 redis.call('EXPIRE', KEYS[3], ARGV[10])
 redis.call('EXPIRE', KEYS[5], ARGV[10])
@@ -109,6 +115,9 @@ return {1, seq}
 #   from the blend reached to the first step of the new path), except a switch back to the voice
 #   the running switch came from: that path is the same one reversed, so it goes on from where
 #   it stands (line ``lines - line``) with no jump at all.
+# - A line's own lexicon (``say``'s ``lexicon``, voxroom/line_lexicon.py) rides in ``vx:jobs`` as
+#   one JSON field, only when given: the worker that synthesizes the line needs it, the room's
+#   log does not. A worker from before ignores the field and speaks the line without it.
 
 
 def _default_idle_ttl_s() -> int:
@@ -147,14 +156,18 @@ class Ingress:
     async def aclose(self) -> None:
         await self._auto.aclose()
 
-    async def say(self, room: str, sender: str, client_seq: int, text: str, voice: str) -> SayOutcome:
+    async def say(self, room: str, sender: str, client_seq: int, text: str, voice: str, *,
+                  lexicon: Mapping[str, str] | None = None) -> SayOutcome:
+        """Store one line. ``lexicon``: the line's own respellings, already validated
+        (``voxroom.line_lexicon.parse``); ``None`` or empty: none."""
         now_ms = int(time.time() * 1000)
         stale_before_ms = now_ms - self.room_idle_ttl_s * 1000
         status, value = await self._auto.call(
             "EVAL", _SAY, 7, keys.room_senders(room), keys.room_seq(room), keys.room_utterances(room), keys.JOBS,
             keys.room_state(room), keys.ROOMS, keys.room_output(room),
             sender, client_seq, text, voice, now_ms, self.utterance_maxlen, self.jobs_maxlen, room, self.max_pending,
-            self.room_idle_ttl_s, stale_before_ms, STALE_ROOMS_PER_SAY, self.switch_lines)
+            self.room_idle_ttl_s, stale_before_ms, STALE_ROOMS_PER_SAY, self.switch_lines,
+            line_lexicon.encode(lexicon or {}))
         kind: Literal["accepted", "duplicate", "busy"] = (
             "accepted" if status == 1 else "duplicate" if status == 0 else "busy")
         return SayOutcome(kind, int(value))

@@ -209,7 +209,8 @@ async def _handle(msg: protocol.ClientMessage, conn: ClientConnection, state: Ga
         raise ProtocolError(ErrorCode.UNKNOWN_VOICE,
                             f"voice {voice.id!r} needs engine {voice.engine!r}, which no worker runs", seq=msg.seq)
     try:
-        outcome = await state.ingress.say(conn.room, conn.client_id, msg.seq, msg.text, voice.id)
+        outcome = await state.ingress.say(conn.room, conn.client_id, msg.seq, msg.text, voice.id,
+                                           lexicon=msg.lexicon)
     except REDIS_DOWN as exc:
         # Redis is restarting, loading, out of memory or unreachable: nothing was written, the
         # client may resend the same seq (dedupe makes that safe) once it is back.

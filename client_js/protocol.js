@@ -171,15 +171,19 @@ export function pcm16ToFloat32(payload, channels = 1) {
  * @param {string} [voice]  a catalog voice id; omitted means the room's default
  * @param {Record<string, string>} [scene]  tags the server resolves to the best voice
  *   (e.g. {emotion: 'calm', language: 'eng'}); give a voice or a scene, not both
+ * @param {Record<string, string>} [lexicon]  this line's own respellings ({GM: 'game master'}):
+ *   at most 16, keys 1-64 and respellings 1-128 characters, no brackets (docs/protocol.md)
  * @returns {string}
  */
-export function encodeSay(seq, text, voice, scene) {
+export function encodeSay(seq, text, voice, scene, lexicon) {
   if (!Number.isSafeInteger(seq) || seq < 1) throw new RangeError(`seq must be an integer in 1..${MAX_SEQ}`);
   if (voice && scene) throw new TypeError("give 'voice' or 'scene', not both");
-  /** @type {{type: 'say', seq: number, text: string, voice?: string, scene?: Record<string, string>}} */
+  /** @type {{type: 'say', seq: number, text: string, voice?: string, scene?: Record<string, string>,
+   *   lexicon?: Record<string, string>}} */
   const msg = { type: 'say', seq, text };
   if (voice) msg.voice = voice;
   if (scene) msg.scene = scene;
+  if (lexicon && Object.keys(lexicon).length) msg.lexicon = lexicon;
   return JSON.stringify(msg);
 }
 

@@ -169,11 +169,12 @@ export class VoxroomClient extends EventTarget {
    * While reconnecting the line waits and is sent (again) after the welcome: the server ignores
    * a seq it already accepted, so a resend never speaks twice.
    * @param {string} text
-   * @param {{voice?: string, scene?: Record<string, string>}} [options]  a voice id, or a scene
-   *   (tags such as {emotion: 'calm'}) the server resolves to a voice; not both
+   * @param {{voice?: string, scene?: Record<string, string>, lexicon?: Record<string, string>}} [options]
+   *   a voice id, or a scene (tags such as {emotion: 'calm'}) the server resolves to a voice, not
+   *   both; `lexicon`: this line's own respellings ({GM: 'game master'}, docs/protocol.md)
    * @returns {Promise<{seq: number, utterance: number | null}>}
    */
-  say(text, { voice, scene } = {}) {
+  say(text, { voice, scene, lexicon } = {}) {
     if (this.#pending.size >= MAX_PENDING_SAYS) {
       return Promise.reject(Object.assign(new Error('too many lines waiting for the server'), { code: 'busy' }));
     }
@@ -183,7 +184,7 @@ export class VoxroomClient extends EventTarget {
     const seq = this.#seq;
     let frame;
     try {
-      frame = encodeSay(seq, text, scene ? undefined : voice ?? this.options.voice, scene);
+      frame = encodeSay(seq, text, scene ? undefined : voice ?? this.options.voice, scene, lexicon);
     } catch (err) {
       return Promise.reject(Object.assign(/** @type {Error} */ (err), { code: 'bad_message' }));
     }

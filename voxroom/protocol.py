@@ -20,7 +20,7 @@ from typing import Any, Final, Literal, NotRequired, TypedDict
 
 import msgpack
 
-from voxroom import markup
+from voxroom import line_lexicon, markup
 from voxroom.languages import UnknownLanguage, normalize_language
 
 PROTOCOL_VERSION: Final = 1
@@ -124,6 +124,9 @@ class Say:
     scene: Mapping[str, str] | None = None
     """Tags (``{"emotion": "angry", "language": "yue"}``) the gateway resolves to the best voice
     instead of naming one (docs/voices.md). At most one of ``voice`` and ``scene``."""
+    lexicon: Mapping[str, str] | None = None
+    """Words respelled for this line only, over the deployment's lexicon (voxroom/line_lexicon.py
+    has the bounds). ``None``: none."""
     type: Literal["say"] = "say"
 
 
@@ -241,7 +244,11 @@ def parse_client_message(obj: dict[str, Any]) -> ClientMessage:
         scene = parse_scene(obj.get("scene"), seq=seq)
         if scene is not None and voice is not None:
             raise ProtocolError(ErrorCode.BAD_MESSAGE, "give 'voice' or 'scene', not both", seq=seq)
-        return Say(seq=seq, text=text, voice=voice, scene=scene)
+        try:
+            lexicon = line_lexicon.parse(obj.get("lexicon"))
+        except line_lexicon.BadLexicon as exc:
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, str(exc), seq=seq) from None
+        return Say(seq=seq, text=text, voice=voice, scene=scene, lexicon=lexicon or None)
     if kind == "ping":
         t = obj.get("t")
         if t is not None and (isinstance(t, bool) or not isinstance(t, int | float)):

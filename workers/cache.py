@@ -10,8 +10,9 @@ captions as the synthesis did.
 version (``model_version`` when an engine has one) and rate; the voice's engine, language and
 params (embeddings included); the voice a switch moves from when it differs, and the part of the
 switch the line covers (ChatTTS steps from one voice to the other over a switch's lines); the room
-rate and slice size; and the text, normalised only in ways that no engine hears (Unicode NFC, runs
-of whitespace collapsed, ends stripped).
+rate and slice size; the line's own lexicon when it has one (``say``'s ``lexicon``); and the
+text, normalised only in ways that no engine hears (Unicode NFC, runs of whitespace collapsed,
+ends stripped).
 
 **Bounds, independent of Redis's maxmemory.** The key space is fixed: an entry lives in slot
 ``fingerprint mod slots`` (``vx:cache:{slot}``, a hash holding the full fingerprint and the
@@ -70,10 +71,14 @@ def normalise_text(text: str) -> str:
 
 
 def fingerprint(*, engine: str, model_version: str, engine_rate: int, voice: Voice, text: str,
-                previous_voice: Voice | None = None, switch_range: tuple[float, float] = (0.0, 1.0)) -> str:
+                previous_voice: Voice | None = None, switch_range: tuple[float, float] = (0.0, 1.0),
+                lexicon: tuple[tuple[str, str], ...] = ()) -> str:
     """The hex SHA-256 of everything that determines the audio (see the module docstring).
     ``previous_voice``/``switch_range``: as in ``SynthesisRequest``; a line in the middle of a
-    switch never shares an entry with the plain voice's line, nor with another part of the switch."""
+    switch never shares an entry with the plain voice's line, nor with another part of the switch.
+    ``lexicon``: the line's own respellings (``SynthesisRequest.lexicon``); a line with one never
+    shares an entry with the same text without it, or with another. Lines without one keep the
+    keys they had before lines could carry one."""
     def describe(v: Voice) -> dict[str, object]:
         return {"engine": v.engine, "language": v.language, "params": dict(v.params)}
 
@@ -82,6 +87,8 @@ def fingerprint(*, engine: str, model_version: str, engine_rate: int, voice: Voi
     material = {"v": FORMAT_VERSION, "engine": engine, "model": model_version, "engine_rate": engine_rate,
                 "room_rate": ROOM_RATE, "slice": SLICE_SAMPLES, "voice": describe(voice),
                 "prev": switch, "text": normalise_text(text)}
+    if lexicon:
+        material["lexicon"] = sorted([key, value] for key, value in lexicon)
     blob = json.dumps(material, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 

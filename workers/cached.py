@@ -26,7 +26,8 @@ def fingerprint_of(engine: Engine, request: SynthesisRequest) -> str:
     """The cache key of what ``engine`` makes of ``request``."""
     return fingerprint(engine=engine.name, model_version=str(getattr(engine, "model_version", "")),
                        engine_rate=engine.sample_rate, voice=request.voice, text=request.text,
-                       previous_voice=request.previous_voice, switch_range=request.switch_range)
+                       previous_voice=request.previous_voice, switch_range=request.switch_range,
+                       lexicon=request.lexicon)
 
 
 class CachedAudio:

@@ -241,7 +241,8 @@ class Context:
         voice = self.catalog.get(utt.job.voice)
         switch = switch_of(utt.job, self.catalog)
         return SynthesisRequest(text=utt.job.text, voice=voice, request_id=f"{utt.job.room}/{utt.job.seq}",
-                                previous_voice=switch.previous_voice, switch_range=switch.switch_range)
+                                previous_voice=switch.previous_voice, switch_range=switch.switch_range,
+                                lexicon=tuple(sorted(utt.job.lexicon.items())))
 
     def close(self) -> None:
         self._rows.close()

@@ -12,6 +12,7 @@ from typing import Literal, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from voxroom import line_lexicon
 from voxroom.voices import Catalog, Voice
 from workers.engines.marks import WordMark
 
@@ -33,13 +34,17 @@ class Job:
     The gateway's ``say`` script numbers them in room order (app/ingress.py)."""
     switch_line: int = 0
     switch_lines: int = 1
+    lexicon: dict[str, str] = field(default_factory=dict)
+    """The line's own respellings (``say``'s ``lexicon``, voxroom/line_lexicon.py), applied over
+    the deployment's lexicon for this line only; empty: none."""
 
     @classmethod
     def from_entry(cls, entry_id: str, fields: dict[str, str]) -> Job:
         """Raises ``KeyError``/``ValueError`` for a malformed entry (the worker acks and drops it).
         An entry without ``switch_from`` (a gateway from before switches spanned lines) switches
         within the line when ``prev_voice`` differs, as it did then; switch fields out of range
-        are ignored (the line is spoken in its own voice, never dropped for them)."""
+        are ignored (the line is spoken in its own voice, never dropped for them), and so is a
+        ``lexicon`` field the gateway would have refused (the line is spoken without it)."""
         voice = fields["voice"]
         prev = fields.get("prev_voice", voice)
         if "switch_from" in fields:
@@ -49,10 +54,14 @@ class Job:
                 switch_from, line, lines = "", 0, 1
         else:
             switch_from, line, lines = (prev if prev != voice else ""), 0, 1
+        try:
+            lexicon = line_lexicon.decode(fields.get("lexicon", ""))
+        except line_lexicon.BadLexicon:
+            lexicon = {}
         return cls(entry_id=entry_id, room=fields["room"], seq=int(fields["seq"]), text=fields["text"],
                    voice=voice, prev_voice=prev, sender=fields.get("sender", ""),
                    time_ms=float(fields.get("time", 0)), switch_from=switch_from, switch_line=line,
-                   switch_lines=lines)
+                   switch_lines=lines, lexicon=lexicon)
 
 
 class Switch(NamedTuple):

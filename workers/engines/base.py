@@ -33,6 +33,11 @@ class SynthesisRequest:
     """The part of the ``previous_voice`` -> ``voice`` path this utterance covers (0: the old voice,
     1: the new one). A switch spread over L lines gives line k ``(k/L, (k+1)/L)``; the default is a
     whole switch within this one utterance. Meaningless without ``previous_voice``."""
+    lexicon: tuple[tuple[str, str], ...] = ()
+    """The line's own ``(word, respelling)`` entries (``say``'s ``lexicon``), sorted by word: the
+    engine wrapper (workers/engines/markup.py) applies them over the deployment's lexicon and
+    hands the inner engine the respelled text with this emptied. A tuple, so a request stays
+    hashable."""
 
 
 @runtime_checkable

@@ -21,18 +21,26 @@ respelling, a duplicate key, a field with markup or control characters, an unkno
 than :data:`MAX_ENTRIES` entries. :attr:`Lexicon.version` is a hash of the entries: the engine
 wrapper puts it into ``model_version``, which is part of the audio cache key, so a changed lexicon
 never serves audio cached under the old one.
+
+A line may carry its own few entries (``say``'s ``lexicon``, bounded by voxroom/line_lexicon.py):
+:func:`for_line` makes them a small :class:`Lexicon`, and :meth:`Lexicon.apply_spans` applies it
+over the deployment's in one left-to-right pass, by the same rules: the leftmost match, at one
+place the longest, and where both lexicons match the same words the line's own entry wins. The
+line's entries are part of that line's cache key (workers/cache.py), not of ``version``.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from voxroom import line_lexicon
 from voxroom.errors import ConfigError
 from workers.engines.marks import Rewrite
 
@@ -42,7 +50,7 @@ MAX_VALUE_CHARS: Final = 256
 PHONEME_ENGINES: Final = ("espeak", "piper")
 """Engines that read ``[[phonemes]]`` inline (espeak-ng mnemonics; Piper IPA)."""
 
-_FORBIDDEN: Final = re.compile(r"[\x00-\x1f\x7f\[\]<>]")
+_FORBIDDEN: Final = line_lexicon.FORBIDDEN
 """Control characters, and brackets that would read as markup or as a phoneme block."""
 _NOT_WORD: Final = r"[^\W\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff\U00020000-\U0002fa1f]"
 """A word character that is not CJK: what a Latin-script key must not touch at either end."""
@@ -82,17 +90,20 @@ class Lexicon:
         """``text`` with every entry replaced by its respelling (or by ``engine``'s phonemes)."""
         return self.apply_spans(text, engine)[0]
 
-    def apply_spans(self, text: str, engine: str = "") -> tuple[str, list[Rewrite]]:
+    def apply_spans(self, text: str, engine: str = "", override: Lexicon | None = None) -> tuple[str, list[Rewrite]]:
         """:meth:`apply`, and where each replacement went: word timings of the respelled text
-        are mapped back to the words as written (``workers.engines.marks.map_back``)."""
-        if self._pattern is None:
+        are mapped back to the words as written (``workers.engines.marks.map_back``).
+        ``override``: a line's own entries (:func:`for_line`), applied in the same pass; where
+        it matches the same words as this lexicon, its entry wins."""
+        lexicons = [lex for lex in (override, self) if lex is not None and lex._pattern is not None]
+        if not lexicons:
             return text, []
         out: list[str] = []
         rewrites: list[Rewrite] = []
         last = size = 0
-        for found in self._pattern.finditer(text):
+        for lexicon, found in _matches(text, lexicons):
             word = " ".join(found.group().split())  # a phrase may be spread over any whitespace
-            entry = self._exact.get(word) or self._folded.get(word.casefold())
+            entry = lexicon._exact.get(word) or lexicon._folded.get(word.casefold())
             if entry is None:  # unreachable: every alternative is a key of one of the maps
                 continue
             phonemes = entry.phonemes.get(engine)
@@ -157,6 +168,40 @@ class Lexicon:
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"cannot read lexicon {path}: {exc}") from None
         return cls.from_text(text, str(path))
+
+
+@functools.lru_cache(maxsize=256)
+def for_line(entries: tuple[tuple[str, str], ...]) -> Lexicon | None:
+    """A line's own ``(word, respelling)`` entries (``SynthesisRequest.lexicon``, validated by
+    the gateway) as a :class:`Lexicon`; ``None`` for none. Cached: a room repeats its overrides,
+    and compiling the pattern is most of the cost."""
+    return Lexicon(Entry(key, respelling) for key, respelling in entries) if entries else None
+
+
+def _matches(text: str, lexicons: Sequence[Lexicon]) -> Iterator[tuple[Lexicon, re.Match[str]]]:
+    """The matches of several lexicons as one pattern of all their keys would give them: left to
+    right, not overlapping, at one place the longest; where two match the same span, the first
+    lexicon's. Each pattern is searched on its own, so a line's override never recompiles the
+    deployment's (possibly 10 000-entry) pattern."""
+    patterns = [lex._pattern for lex in lexicons]
+    ahead: list[re.Match[str] | None] = [p.search(text) if p is not None else None for p in patterns]
+    pos = 0
+    while True:
+        best = -1
+        for i, found in enumerate(ahead):
+            pattern = patterns[i]
+            if found is not None and found.start() < pos and pattern is not None:
+                ahead[i] = found = pattern.search(text, pos)  # it overlapped the match taken
+            if found is None:
+                continue
+            chosen = ahead[best] if best >= 0 else None
+            if chosen is None or (found.start(), -found.end()) < (chosen.start(), -chosen.end()):
+                best = i
+        chosen = ahead[best] if best >= 0 else None
+        if chosen is None:
+            return
+        yield lexicons[best], chosen
+        pos = chosen.end()
 
 
 def _alternative(entry: Entry) -> str:

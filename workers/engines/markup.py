@@ -14,9 +14,10 @@ text (its ``pause_text(ms)`` when it has one: ChatTTS's break tokens are its bus
 comma, never words. An engine that sets ``markup_native = True`` gets the markup as written and
 renders it itself (``voxroom.markup.parse``), the lexicon already applied to its words.
 
-Both apply the lexicon (workers/engines/lexicon.py) to the words only, never to markup, and put
-what the audio depends on into ``model_version`` (the audio cache key): the markup renderer's
-version and the lexicon's hash. Every other attribute is the inner engine's.
+Both apply the lexicon (workers/engines/lexicon.py) to the words only, never to markup, with the
+line's own entries (``SynthesisRequest.lexicon``) over it, and put what the audio depends on into
+``model_version`` (the audio cache key): the markup renderer's version and the lexicon's hash
+(a line's own entries are in that line's key instead). Every other attribute is the inner engine's.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import numpy.typing as npt
 from voxroom import markup
 from voxroom.errors import EngineError
 from workers.engines.base import Admit, Engine, Pcm, SynthesisRequest
-from workers.engines.lexicon import Lexicon
+from workers.engines.lexicon import Lexicon, for_line
 from workers.engines.marks import Rewrite, WordMark, estimate_audio, map_back, split_words
 
 MARKUP_VERSION: Final = "markup1"
@@ -50,10 +51,6 @@ def _script(text: str) -> markup.Script:
         return markup.parse(text)
     except markup.MarkupError as exc:  # the gateway refuses these; an older one may not have
         raise EngineError(f"cannot speak the line: {exc}") from None
-
-
-def _with_lexicon(lexicon: Lexicon | None, engine: str, text: str) -> str:
-    return lexicon.apply(text, engine) if lexicon is not None else text
 
 
 class _Wrapper:
@@ -92,6 +89,13 @@ class _Wrapper:
             parts.append(f"lexicon:{self.lexicon.version}")
         return "+".join(parts)
 
+    def _respell(self, request: SynthesisRequest, words: str) -> tuple[str, list[Rewrite]]:
+        """``words`` (a stretch without markup) with the deployment's lexicon and the line's own
+        (``request.lexicon``, winning where both match) applied, and where each went. The line's
+        entries are in its cache key (workers/cached.py), so they stay out of ``model_version``."""
+        base = self.lexicon if self.lexicon is not None else _NO_LEXICON
+        return base.apply_spans(words, self.name, override=for_line(request.lexicon))
+
     def load(self, device: str) -> None:
         self.inner.load(device)
 
@@ -129,7 +133,7 @@ class NarratorEngine(_Wrapper):
             if isinstance(piece, markup.Pause):
                 yield np.zeros(round(piece.ms * self.sample_rate / 1000), dtype=np.float32)
                 continue
-            text = _with_lexicon(self.lexicon, self.name, piece)
+            text = self._respell(request, piece)[0]
             yield from self._trimmed(_part(request, text, spoke, spoken), cancel, head=i > 0, tail=i < last)
             spoke += 1
 
@@ -155,7 +159,7 @@ class NarratorEngine(_Wrapper):
                 at += silence.size
                 yield silence
                 continue
-            text, rewrites = self.lexicon.apply_spans(piece, self.name) if self.lexicon else (piece, [])
+            text, rewrites = self._respell(request, piece)
             places_ms = at * 1000 / self.sample_rate
             marks = _PieceMarks(piece, rewrites, chars=places[i], ms=places_ms, tail=i < last)
             audio: list[Pcm] = []
@@ -314,18 +318,20 @@ def _part(request: SynthesisRequest, text: str, index: int, count: int) -> Synth
     start, end = request.switch_range
     step = (end - start) / max(1, count)
     stop = end if index + 1 >= count else start + step * (index + 1)
-    return dataclasses.replace(request, text=text, switch_range=(start + step * index, stop))
+    # ``lexicon`` emptied: ``text`` is already respelled.
+    return dataclasses.replace(request, text=text, switch_range=(start + step * index, stop), lexicon=())
 
 
 class RewritingEngine(_Wrapper):
     """The lexicon, and pauses as the engine's own break text, around a batch or continuous engine."""
 
-    def _text(self, text: str) -> str:
+    def _text(self, request: SynthesisRequest) -> str:
+        text = request.text
         script = _script(text)
         native = bool(getattr(self.inner, "markup_native", False))
         if native:
             # Words get the lexicon; the markup stays as written for the engine to render.
-            return markup.map_words(text, lambda words: _with_lexicon(self.lexicon, self.name, words))
+            return markup.map_words(text, lambda words: self._respell(request, words)[0])
         pause_text = getattr(self.inner, "pause_text", None)
         out: list[str] = []
         for piece in script.pieces:
@@ -335,11 +341,11 @@ class RewritingEngine(_Wrapper):
                 elif out and out[-1][-1:] not in ".,;:!?。，；：！？":
                     out.append(",")
                 continue
-            out.append(_with_lexicon(self.lexicon, self.name, piece))
+            out.append(self._respell(request, piece)[0])
         return " ".join(out)
 
     def _request(self, request: SynthesisRequest) -> SynthesisRequest:
-        return dataclasses.replace(request, text=self._text(request.text))
+        return dataclasses.replace(request, text=self._text(request), lexicon=())
 
     def stream(self, request: SynthesisRequest, cancel: threading.Event) -> Iterator[Pcm]:
         return self.inner.stream(self._request(request), cancel)
@@ -358,6 +364,10 @@ class RewritingEngine(_Wrapper):
         continuous = getattr(self.inner, "stream_continuous")  # noqa: B009
         out: Iterator[tuple[Hashable, Pcm | None]] = continuous(rewritten)
         return out
+
+
+_NO_LEXICON: Final = Lexicon(())
+"""What a deployment without ``VOXROOM_LEXICON`` applies: nothing but a line's own entries."""
 
 
 def wrap(engine: Engine, lexicon: Lexicon | None = None) -> NarratorEngine | RewritingEngine:
