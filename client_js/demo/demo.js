@@ -126,6 +126,33 @@ async function loadVoices() {
   }
 }
 
+/**
+ * The line as a listener reads it: `start.text` is the line as sent, pauses' markup included
+ * (`[pause:500]`, `<break time="1s"/>`), which is never spoken and should not be read either.
+ * Works on code points, so the word offsets of `marks` still index `chars`.
+ * @param {string[]} chars  the line's code points
+ * @param {number} [from] @param {number} [to]
+ */
+export function readable(chars, from = 0, to = chars.length) {
+  let out = '';
+  for (let i = from; i < to; i++) {
+    const c = chars[i];
+    const close = c === '[' ? ']' : c === '<' ? '>' : null;
+    // Markup as the server parses it (voxroom/markup.py): `[` + a letter, `<` + a letter or `/!?`.
+    let j = i + 1;
+    while (c === '[' && j < to && /\s/u.test(chars[j])) j++;
+    if (close && (c === '[' ? /\p{L}/u.test(chars[j] ?? '') : /[\p{L}/!?]/u.test(chars[j] ?? ''))) {
+      const end = chars.indexOf(close, i + 1);
+      if (end >= 0) {
+        i = end;
+        continue;
+      }
+    }
+    out += c;
+  }
+  return out.replace(/\s{2,}/g, ' ');
+}
+
 /** @param {{utterance: number, sender: string, voice: string, text: string, own: boolean}} d */
 function addRow(d) {
   const log = $('log');
@@ -137,7 +164,7 @@ function addRow(d) {
   who.textContent = d.own ? 'You' : `Guest ${d.sender}`;
   const text = document.createElement('span');
   text.className = 'text';
-  text.textContent = d.text;
+  text.textContent = readable(Array.from(d.text));
   const meta = document.createElement('span');
   meta.className = 'meta';
   meta.textContent = d.voice;
@@ -157,11 +184,11 @@ function showWord(c, w) {
   const chars = Array.from(w.line); // offsets count code points, as the server does
   const said = document.createElement('span');
   said.className = 'said';
-  said.textContent = chars.slice(0, w.offset).join('');
+  said.textContent = readable(chars, 0, w.offset);
   const now = document.createElement('mark');
   now.textContent = chars.slice(w.offset, w.offset + w.length).join('');
   const el = $('speaker-text');
-  el.replaceChildren(said, now, chars.slice(w.offset + w.length).join(''));
+  el.replaceChildren(said, now, readable(chars, w.offset + w.length));
   el.dataset.word = String(w.offset);
   clearTimeout(wordOver);
   wordOver = setTimeout(() => now.classList.add('over'), Math.max(0, w.endMs - c.roomTimeMs()));
@@ -178,7 +205,7 @@ function setSpeaking(on, who, what) {
   $('speaker').classList.toggle('idle', !on);
   $('speaker-name').textContent = on ? who : 'Nobody';
   clearTimeout(wordOver);
-  $('speaker-text').textContent = on ? what : 'The room is quiet.';
+  $('speaker-text').textContent = on ? readable(Array.from(what ?? '')) : 'The room is quiet.';
   delete $('speaker-text').dataset.word;
 }
 
