@@ -106,3 +106,19 @@ def test_redis_has_a_memory_budget_that_never_evicts_jobs(services: dict[str, di
     assert "--maxmemory" in cmd, cmd
     assert _bytes(cmd[cmd.index("--maxmemory") + 1]) >= 1024**3
     assert cmd[cmd.index("--maxmemory-policy") + 1] == "volatile-lru"
+
+
+def test_workers_load_chattts_from_their_mount_and_never_download(services: dict[str, dict[str, Any]]) -> None:
+    """The weights are a read-only mount: the setting's own default (``huggingface``) would try the
+    hub and write into it. ``local`` (published hashes) by default; ``custom`` for an operator's own
+    model (tests/ops/test_compose_stack.py runs the worker that way on a tiny checkpoint)."""
+    for name, service in services.items():
+        command = service.get("command") or []
+        if command[:2] != ["voxroom", "worker"] or "chattts" not in command:
+            continue
+        mounted = {v.split(":")[1]: v.split(":")[2:] for v in service["volumes"]}
+        chattts_dir = command[command.index("--chattts-dir") + 1]
+        (mount,) = [target for target in mounted if chattts_dir.startswith(target + "/")]
+        assert mounted[mount] == ["ro"], (name, mount)
+        assert _env(service)["VOXROOM_CHATTTS_SOURCE"] == "local", name
+        assert service["environment"]["VOXROOM_CHATTTS_SOURCE"] == "${VOXROOM_CHATTTS_SOURCE:-local}", name
