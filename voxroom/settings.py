@@ -134,9 +134,20 @@ class Settings:
     chattts_seed: int = 0
     chattts_max_new_tokens: int = 2048
     """GPT steps per piece at most (46.875 steps a second of audio)."""
-    chattts_continuous: bool = False
-    """Continuous batching (with ``chattts_max_batch`` > 1): a line joins the running GPT batch at
-    the next step instead of waiting for the batch to end (docs/chattts.md, "Continuous batching")."""
+    chattts_continuous: bool = True
+    """Continuous batching (with ``chattts_max_batch`` > 1), the default: a line joins the running
+    GPT batch at the next step instead of waiting for the batch to end, and the context's queue
+    picks which line takes each freed row (docs/chattts.md, "Continuous batching").
+    ``VOXROOM_CHATTTS_CONTINUOUS=0`` runs windowed batches."""
+    chattts_speaker_cache: int = 256
+    """Speaker embeddings each ChatTTS context keeps, least recently used evicted first (at least 1):
+    a client can name any mix of voices (``a:2+b``), so the cache needs a bound (docs/chattts.md)."""
+    piper_solo_threads: int = 2
+    """Intra-op threads of a Piper stream running alone in the worker (at least 1; 1: no second
+    ONNX session). docs/engines.md, "Piper"."""
+    piper_first_piece_words: int = 3
+    """Piper cuts a line's first sentence after its first phrase of at least this many words, so
+    the first audio waits for that phrase only (0: never cut). docs/engines.md, "Piper"."""
     batch_window_ms: int = 15
     synthetic_ttfc_ms: float = 50.0
     """Benchmark engine only: its fixed time to first chunk."""

@@ -13,6 +13,10 @@ Bounds (and what happens past them):
   worker (back-pressure).
 - ``inflight``: jobs between start of synthesis and end of publishing. A finished synthesis whose
   room is still busy playing a predecessor keeps its slot until it is published.
+- A continuous engine's places (``workers/rows.py``): it is handed at most ``max_batch`` plus
+  ``SPARE_ROWS`` lines not yet finished; the rest wait in the queue, which picks the line that
+  takes a freed place (a row's end: EOS, cancel, the length cut, a failure). Lines for other
+  engines pass a full one.
 - Adopted jobs (claimed from a dead worker, :meth:`Context.adopt`) go ahead of the queue and may
   pass both bounds, by at most ``inflight`` at a time. They are the lines other rooms' lines wait
   for: when the slots are all held by lines waiting for their turn, and their predecessors can
@@ -73,9 +77,10 @@ class Context:
         self.audio_seconds = 0.0
         """The RTF figures (``workers/rowaudio.py``, ``Meter``): this context is their meter."""
         self._cached = CachedAudio(name, self._fingerprint)
-        self._rows = ContinuousRows(name, self._request, self._cached, self, max_slices=self.max_slices)
-        self._admitting: set[asyncio.Task[None]] = set()
-        """Jobs for a continuous engine between the queue and the engine (at most ``inflight``)."""
+        self._rows = ContinuousRows(name, self._request, self._cached, self, max_slices=self.max_slices,
+                                    on_place=self.queue.wake)
+        self._racing: set[asyncio.Task[None]] = set()
+        """Cache lookups beside lines a continuous engine already started (at most ``inflight``)."""
         self.on_free: Callable[[], None] = _nothing
         """Called when room opens here (a job left the queue, or finished publishing); the pool
         sets it to wake the worker's intake."""
@@ -120,12 +125,14 @@ class Context:
     async def run(self, on_started: Callable[[Utterance], None]) -> None:
         """Take jobs off the queue forever; ``on_started`` hands each one to its publisher."""
         loop = asyncio.get_running_loop()
+        # Only a context with a continuous engine has lines to pass over (a full engine's).
+        accept = self._has_place if any(continuous(e) for e in self.engines.values()) else None
         while True:
             # The slot first, then the job: a job is either queued or active, never held in
             # between, so ``free()`` (what the worker reads from Redis by) is exact.
             await self._slots.acquire()
             try:
-                first = await self.queue.get()
+                first = await self.queue.get(accept)
             except BaseException:
                 self._slots.release()
                 raise
@@ -135,13 +142,7 @@ class Context:
                 self._unserved(first, on_started)
                 continue
             if continuous(engine):
-                # One runner takes every room a GPU serves: each job's cache lookup and hand-off
-                # run beside the next jobs' instead of one after the other (100 lookups in a row
-                # were 8 ms before the last room's engine started).
-                task = asyncio.create_task(self._start_continuous(engine, first, on_started),
-                                           name=f"{self.name}:admit:{first.job.room}")
-                self._admitting.add(task)
-                task.add_done_callback(self._admitting.discard)
+                self._start_continuous(engine, first, on_started)
                 continue
             if await self._cached.serve(engine, first, on_started):
                 continue
@@ -168,13 +169,26 @@ class Context:
         return batching.synthesize(self.name, engine, batch, self._request, keep=self.cache is not None,
                                    max_slices=self.max_slices, meter=self)
 
-    async def _start_continuous(self, engine: ContinuousEngine, utt: Utterance,
-                                on_started: Callable[[Utterance], None]) -> None:
-        """Start the line in the engine at once and look it up in the audio cache meanwhile
-        (``CachedAudio.race``)."""
+    def _start_continuous(self, engine: ContinuousEngine, utt: Utterance,
+                          on_started: Callable[[Utterance], None]) -> None:
+        """Start the line in the engine at once (the queue gave it only because the engine has a
+        place: :meth:`_has_place`) and look it up in the audio cache meanwhile
+        (``CachedAudio.race``). The hand-off is synchronous, so the next ``_has_place`` counts
+        this line; the lookups run as tasks, each beside the next jobs' instead of one after
+        the other (100 lookups in a row were 8 ms before the last room's engine started)."""
         on_started(utt)
         self._rows.admit(engine, utt)
-        await self._cached.race(engine, utt)
+        if self.cache is None:
+            return
+        task = asyncio.create_task(self._cached.race(engine, utt), name=f"{self.name}:race:{utt.job.room}")
+        self._racing.add(task)
+        task.add_done_callback(self._racing.discard)
+
+    def _has_place(self, utt: Utterance) -> bool:
+        """The queue's ``accept``: a line may be taken unless its engine is a continuous one
+        with no free place (``workers/rows.py``, ``SPARE_ROWS``)."""
+        engine = self._engine_for(utt)
+        return engine is None or not continuous(engine) or self._rows.has_place(engine)
 
     def _unserved(self, utt: Utterance, on_started: Callable[[Utterance], None]) -> None:
         """A job for an engine this context does not hold (the pool submits only to contexts

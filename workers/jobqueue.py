@@ -22,6 +22,13 @@ context see the other rooms' lines behind a flood in the ``vx:jobs`` stream: wit
 either bound the worker stops reading (:meth:`room`); the jobs stay in Redis (back-pressure).
 Adopted jobs (:meth:`put_first`) go ahead of everything, whatever the bounds.
 
+**Lines an engine cannot take yet.** The runner passes :meth:`get` an ``accept`` test: a line
+whose engine has no free place (a continuous engine holding ``max_batch`` plus its spare lines,
+``workers/rows.py``) is passed over, and its room keeps its turn, so the next free place goes to
+whichever line this queue's order puts first at that moment (an adopted line first: it waits for
+a place of its engine like any line, since a place frees when a row ends, not when a line is
+published, and no line in an engine waits on another to end). :meth:`wake` says a place opened.
+
 ``fair=False`` keeps the old first-come-first-served queue (one FIFO bounded at ``maxsize``, no
 backlog) for benchmarks that compare the two (``VOXROOM_CONTEXT_FAIR=0``).
 """
@@ -34,6 +41,9 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 
 from workers.job import Utterance
+
+Accept = Callable[[Utterance], bool]
+"""Whether a line may be taken now (its engine has a free place)."""
 
 URGENT_MS = 1000.0
 """A room with less audio than this buffered is about to run out: such rooms are equally
@@ -121,14 +131,23 @@ class JobQueue:
         (self._first if utt.adopted else self._back).appendleft(utt)
         self._ready.set()
 
-    def get_nowait(self) -> Utterance:
-        if self._first:
-            return self._first.popleft()
-        if self._back:
-            return self._back.popleft()
-        if not self._rooms:
+    def get_nowait(self, accept: Accept | None = None) -> Utterance:
+        """The next line (adopted, then put back, then by room), of those ``accept`` takes;
+        raises ``asyncio.QueueEmpty`` when there is none."""
+        utt = self._take(accept)
+        if utt is None:
             raise asyncio.QueueEmpty
-        name = self._next_room()
+        return utt
+
+    def _take(self, accept: Accept | None) -> Utterance | None:
+        for held in (self._first, self._back):
+            for i, utt in enumerate(held):
+                if accept is None or accept(utt):
+                    del held[i]
+                    return utt
+        name = self._next_room(accept)
+        if name is None:
+            return None
         lines = self._rooms[name]
         utt = lines.popleft()
         self._size -= 1
@@ -138,11 +157,18 @@ class JobQueue:
             del self._rooms[name]
         return utt
 
-    def _next_room(self) -> str:
-        """The first room in the rotation among those that run out of audio soonest. At most
-        ``maxsize`` rooms are looked at (each a few dict lookups): cheap per job."""
-        best, best_key = "", float("inf")
-        for name in self._rooms:
+    def _next_room(self, accept: Accept | None = None) -> str | None:
+        """The first room in the rotation among those that run out of audio soonest, of those
+        whose next line ``accept`` takes (a room passed over keeps its place in the rotation).
+        At most ``maxsize`` rooms are looked at (each a few dict lookups): cheap per job.
+        ``None``: no room has a line that may be taken."""
+        best: str | None = None
+        best_key = float("inf")
+        for name, lines in self._rooms.items():
+            if accept is not None and not accept(lines[0]):
+                if not self.fair:
+                    return None  # first come first served: the head waits, and so does the rest
+                continue
             if not self.fair:
                 return name
             buffered = self.buffered_ms(name)
@@ -153,8 +179,13 @@ class JobQueue:
                     break
         return best
 
-    async def get(self) -> Utterance:
-        while self.empty():
+    def wake(self) -> None:
+        """A line passed over by ``accept`` may be taken now (its engine freed a place)."""
+        self._ready.set()
+
+    async def get(self, accept: Accept | None = None) -> Utterance:
+        """Wait for a line ``accept`` takes (any line without it)."""
+        while (utt := self._take(accept)) is None:
             self._ready.clear()
             await self._ready.wait()
-        return self.get_nowait()
+        return utt

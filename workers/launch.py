@@ -82,7 +82,10 @@ def engine_options(name: str, settings: Settings, catalog: Catalog | None = None
                 "max_batch": settings.chattts_max_batch, "continuous": settings.chattts_continuous,
                 "interpolation_steps": settings.chattts_interpolation_steps, "fade_ms": settings.chattts_fade_ms,
                 "seed": settings.chattts_seed, "max_new_tokens": settings.chattts_max_new_tokens,
+                "speaker_cache": settings.chattts_speaker_cache,
                 "voice_lookup": catalog.get if catalog is not None else None}
+    if name == "piper":
+        return {"solo_threads": settings.piper_solo_threads, "first_piece_words": settings.piper_first_piece_words}
     if name == "synthetic":
         return {"ttfc_ms": settings.synthetic_ttfc_ms, "rtf": settings.synthetic_rtf,
                 "max_batch": settings.synthetic_max_batch, "continuous": settings.synthetic_continuous}

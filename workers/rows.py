@@ -5,6 +5,16 @@ as its context lives; a new line joins the running batch at the engine's next st
 and their inboxes are owned here and nowhere else: :meth:`ContinuousRows.admit` hands a line over
 (starting the thread on first use), the thread ends its rows (``workers/rowaudio.py``) and, when
 the engine fails or the context closes, every line handed to it. The next line starts a new one.
+
+**Places.** An engine holds at most :func:`places` lines not yet finished: its ``max_batch`` rows
+and :data:`SPARE_ROWS` more. The rest stay in the context's ``JobQueue``, so the queue's order
+(rooms in turn, the room that runs out of audio soonest first) decides which line takes the next
+free row, not the engine's own FIFO: before, every line taken went into that FIFO at once, and a
+room with 16 lines queued filled it ahead of every room that spoke after it (issue 14). A line
+holds its place from :meth:`ContinuousRows.admit` until its row ends (EOS, cancel, the length
+cut, the engine's failure) or it is drained from the inbox of a thread that died; the count is
+kept on the event loop (the thread reports each end with ``call_soon_threadsafe``), so the
+context's runner reads an exact figure without a lock.
 """
 
 from __future__ import annotations
@@ -29,6 +39,21 @@ log = logging.getLogger("voxroom.worker.context")
 Inbox = queue.SimpleQueue[Utterance | None]
 """Lines for a serving thread; ``None`` tells it to stop."""
 
+SPARE_ROWS = 1
+"""Lines an engine holds beyond its ``max_batch`` rows, waiting to join. One, so that when a row
+ends the engine fills it at its next step from the line already waiting, while the loop picks
+the line after (a GPU step is 10-25 ms; a loop busy publishing 100 rooms can take longer than
+that to answer the row's end). Not more: each spare line is a line committed before the queue
+knows what comes next; a room that starts to speak then waits for one more row to end per spare
+line (at ``max_batch`` 8 and 3 s lines, 140 steps each, a row ends every 18 steps: about 0.35 s
+at an estimated 20 ms a step on a GPU, none measured yet). Two rows
+ending in the same step leave one row empty for the loop's answer: a step's fraction, not a line."""
+
+
+def places(engine: Engine) -> int:
+    """Lines a continuous engine may hold not yet finished (see the module docstring)."""
+    return int(getattr(engine, "max_batch", 1)) + SPARE_ROWS
+
 
 def continuous(engine: Engine) -> TypeGuard[ContinuousEngine]:
     """An engine that takes rows while it runs (``continuous`` set and ``max_batch`` > 1)."""
@@ -39,16 +64,20 @@ class ContinuousRows:
     """The serving threads of one context's continuous engines, by engine name.
 
     ``request`` builds a line's ``SynthesisRequest`` (the context's one builder); ``cached``
-    receives each whole line's audio; ``meter`` counts the audio made.
+    receives each whole line's audio; ``meter`` counts the audio made; ``on_place`` is called (on
+    the loop) when a line leaves an engine and its place is free.
     """
 
     def __init__(self, name: str, request: Callable[[Utterance], SynthesisRequest], cached: CachedAudio,
-                 meter: Meter, *, max_slices: int) -> None:
+                 meter: Meter, *, max_slices: int, on_place: Callable[[], None] = lambda: None) -> None:
         self.name = name
         self.request = request
         self.cached = cached
         self.meter = meter
         self.max_slices = max_slices
+        self.on_place = on_place
+        self._held: dict[str, int] = {}
+        """Lines handed to each engine and not finished, by engine name (on the loop only)."""
         self._served: dict[str, Inbox] = {}
         """Live serving threads' inboxes, by engine name. A thread removes its own entry (under
         ``_lock``) before it fails what is left in its inbox, and :meth:`admit` puts under the
@@ -56,9 +85,19 @@ class ContinuousRows:
         never in the inbox of a thread that is gone."""
         self._lock = threading.Lock()
 
+    def held(self, engine: Engine) -> int:
+        """Lines ``engine`` holds not yet finished."""
+        return self._held.get(engine.name, 0)
+
+    def has_place(self, engine: Engine) -> bool:
+        """``engine`` may take one more line now (:func:`places`)."""
+        return self._held.get(engine.name, 0) < places(engine)
+
     def admit(self, engine: ContinuousEngine, utt: Utterance) -> None:
         """Hand ``utt`` to the engine's serving thread (started on first use): it joins the
-        running batch at the engine's next step. No await: the runner takes the next job at once."""
+        running batch at the engine's next step, and holds a place until its row ends. The caller
+        checks :meth:`has_place` first. No await: the runner takes the next job at once."""
+        self._held[engine.name] = self._held.get(engine.name, 0) + 1
         with self._lock:
             inbox = self._served.get(engine.name)
             if inbox is None:
@@ -75,6 +114,11 @@ class ContinuousRows:
         # rooms: 16 ms median added latency instead of 19, three alternating runs each).
         time.sleep(0)
 
+    def _left(self, name: str) -> None:
+        """A line left engine ``name`` (on the loop): its place is free."""
+        self._held[name] -= 1
+        self.on_place()
+
     def close(self) -> None:
         """Tell every serving thread to stop once its engine asks for rows."""
         with self._lock:
@@ -83,8 +127,13 @@ class ContinuousRows:
 
     def _serve(self, engine: ContinuousEngine, inbox: Inbox, loop: asyncio.AbstractEventLoop) -> None:
         """The engine's thread: one call to ``stream_continuous``, rows coming in through
-        ``inbox``, each row fed and finished as a windowed batch's are."""
+        ``inbox``, each row fed and finished as a windowed batch's are. Every line taken from
+        the inbox is reported once to :meth:`_left` when it ends, whichever way it ends."""
         rows: dict[Hashable, Row] = {}
+
+        def left() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: the worker is gone
+                loop.call_soon_threadsafe(self._left, engine.name)
 
         def admit(timeout: float | None) -> list[tuple[Hashable, SynthesisRequest, threading.Event]] | None:
             taken: list[Utterance | None] = []
@@ -94,21 +143,25 @@ class ContinuousRows:
                     taken.append(inbox.get_nowait())
             except queue.Empty:
                 pass
-            admitted: list[tuple[Hashable, SynthesisRequest, threading.Event]] = []
+            if None in taken:
+                for utt in taken:  # handed over with the close: they end as the rest of the inbox
+                    if utt is not None:
+                        inbox.put(utt)
+                return None
             keep = self.cached.cache is not None
-            for utt in taken:
-                if utt is None:
-                    return None
-                key = utt.job.entry_id
-                rows[key] = Row(utt, engine.sample_rate, max_slices=self.max_slices, keep=keep)
-                admitted.append((key, self.request(utt), utt.cancel))
-            return admitted
+            lines = [utt for utt in taken if utt is not None]
+            # Every line is a row before any request is built: a builder that raises fails them
+            # all through the engine's failure path, none is lost between inbox and rows.
+            for utt in lines:
+                rows[utt.job.entry_id] = Row(utt, engine.sample_rate, max_slices=self.max_slices, keep=keep)
+            return [(utt.job.entry_id, self.request(utt), utt.cancel) for utt in lines]
 
         def finish(row: Row) -> None:
             pcm = row.finish(self.meter)
             if pcm is not None:
                 with contextlib.suppress(RuntimeError):  # the loop closed: the worker is gone
                     loop.call_soon_threadsafe(self.cached.store, engine, row.utt, pcm)
+            left()
 
         try:
             for key, pcm in engine.stream_continuous(admit):
@@ -141,6 +194,9 @@ class ContinuousRows:
                     waiting = inbox.get_nowait()
                 except queue.Empty:
                     break
-                if waiting is not None and waiting.claim("engine"):
+                if waiting is None:
+                    continue
+                if waiting.claim("engine"):
                     waiting.error = reason
                     waiting.slices.close()
+                left()

@@ -101,19 +101,22 @@ EARLY = request("A different sentence for room three.", "c")
 LONG = request("A much longer line arrives late, with more words than any row already in the batch.", "b")
 
 
-def test_continuous_is_opt_in(cont: ChatTTSEngine) -> None:
+def test_continuous_is_an_engine_option(cont: ChatTTSEngine) -> None:
     assert isinstance(cont, ContinuousEngine) and cont.continuous and cont.max_batch > 1
-    assert ChatTTSEngine().continuous is False  # the windowed path stays the default
+    # The engine's own default stays windowed (the worker's setting turns it on, below).
+    assert ChatTTSEngine().continuous is False
 
 
-def test_the_setting_turns_it_on_through_the_registry(tiny_dir: Path) -> None:
-    """VOXROOM_CHATTTS_CONTINUOUS reaches the engine the worker builds (off by default)."""
+def test_the_setting_reaches_the_engine_the_worker_builds(tiny_dir: Path) -> None:
+    """VOXROOM_CHATTTS_CONTINUOUS reaches the engine the worker builds: on by default, ``0``
+    keeps windowed batches."""
     from voxroom.settings import Settings
     from workers.engines import registry
     from workers.launch import engine_options
 
     base = {"VOXROOM_CHATTTS_SOURCE": "custom", "VOXROOM_CHATTTS_DIR": str(tiny_dir)}
-    for env, want in (({}, False), ({"VOXROOM_CHATTTS_CONTINUOUS": "1"}, True)):
+    for env, want in (({}, True), ({"VOXROOM_CHATTTS_CONTINUOUS": "0"}, False),
+                      ({"VOXROOM_CHATTTS_CONTINUOUS": "1"}, True)):
         settings = Settings.from_env({**base, **env})
         engine = registry.create_engine("chattts", **engine_options("chattts", settings))
         assert getattr(engine, "continuous", None) is want

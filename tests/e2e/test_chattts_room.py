@@ -37,7 +37,13 @@ def chattts_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[in
                               # fp32: the random tiny model runs to its step budget in fp32; bf16
                               # rounding (the CPU default, tests/chattts/test_cpu_defaults.py)
                               # lets it stop early, and these tests measure length by that budget.
-                              VOXROOM_CHATTTS_BF16="0")
+                              VOXROOM_CHATTTS_BF16="0",
+                              # Windowed, not the continuous default: sampled, the random model
+                              # reaches that budget or meets EOS early depending on the draws
+                              # before (run one after another, lines 2-4 of this module stop at
+                              # 8-20 steps in either mode); the draws windowed batches make here
+                              # reach it. The continuous path: tests/chattts/test_continuous*.py.
+                              VOXROOM_CHATTTS_CONTINUOUS="0")
         gateway, port = start_gateway(redis.url, logs)
         try:
             yield port, worker

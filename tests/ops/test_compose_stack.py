@@ -392,9 +392,8 @@ async def test_a_room_through_nginx_hears_lines_from_the_batching_worker(stack: 
 
 
 async def test_lines_of_several_rooms_at_once_all_play(stack: Stack, room: str) -> None:
-    """More rooms at once than the worker's slots (its two CPU contexts, each with the service's
-    VOXROOM_CONTEXT_INFLIGHT of 2): each batch takes what its free slots allow, the rest wait for
-    a slot, and every line plays."""
+    """Five rooms at once on the service's worker (ChatTTS, continuous batching by default, up to
+    VOXROOM_CHATTTS_MAX_BATCH rows): every line plays, in its room's order."""
     rooms = [f"{room}-{i}" for i in range(5)]
     port = stack.translation.ports["nginx"]
     tokens = [await asyncio.to_thread(stack.token, r) for r in rooms]

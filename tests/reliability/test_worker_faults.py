@@ -282,7 +282,7 @@ async def test_redis_loading_its_data_then_the_worker_speaks_again(
 
 async def test_composes_batch_of_eight_with_two_in_flight_plays_every_line(
         own_redis: RedisServer, r: Redis, raw: Redis, tmp_path: Path) -> None:
-    # docker-compose.yml ships VOXROOM_CONTEXT_INFLIGHT=2; a GPU engine batches 8.
+    # An in-flight bound below the engine's batch (2 against 8; docker-compose.yml shipped 2 once).
     proc = worker(own_redis.url, tmp_path, "batch", VOXROOM_SYNTHETIC_MAX_BATCH="8",
                   VOXROOM_CONTEXT_INFLIGHT="2")
     try:

@@ -85,8 +85,9 @@ class ContinuousEngine(Engine, Protocol):
 
     def stream_continuous(self, admit: Admit) -> Iterator[tuple[Hashable, Pcm | None]]:
         """Yield ``(key, chunk)`` as rows produce audio and ``(key, None)`` once when a row is
-        done (finished or cancelled); return when ``admit`` returns ``None``. Rows are bounded by
-        the context's in-flight cap, not by ``max_batch``."""
+        done (finished or cancelled); return when ``admit`` returns ``None``. The context hands
+        the engine at most ``max_batch`` + ``SPARE_ROWS`` unfinished rows (``workers/rows.py``);
+        the engine runs up to ``max_batch`` of them and keeps the rest waiting for a row."""
         ...
 
 

@@ -96,6 +96,14 @@ class PiperEngine:
         unknown = [m for m in models if m not in MODELS]
         if unknown:
             raise EngineError(f"unknown piper model(s) {unknown}; known: {sorted(MODELS)}")
+        # Refused when the worker builds its engines, before it serves (bool is an int, too).
+        for option, value, low, setting in (("threads", threads, 1, ""),
+                                            ("solo_threads", solo_threads, 1, "VOXROOM_PIPER_SOLO_THREADS"),
+                                            ("first_piece_words", first_piece_words, 0,
+                                             "VOXROOM_PIPER_FIRST_PIECE_WORDS")):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise EngineError(f"piper: {option}{f' ({setting})' if setting else ''} must be a whole "
+                                  f"number of at least {low}, got {value!r}")
         self.preload = tuple(models)
         self.threads = threads
         self.solo_threads = solo_threads

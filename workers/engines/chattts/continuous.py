@@ -77,7 +77,9 @@ class ContinuousBatcher:
         self.gen = gen
         self.params = params
         self.max_rows = max_rows
-        """GPT rows at once; further requests wait (FIFO) for a row to leave."""
+        """GPT rows at once; further requests wait (FIFO) for a row to leave. The context hands
+        over at most one more line than that (``workers/rows.py``, ``SPARE_ROWS``): which line
+        takes a freed row is its job queue's choice, not this FIFO's."""
         self.normalize = normalize
         self.new_decoder = new_decoder
         self.new_fader = new_fader

@@ -22,7 +22,7 @@ from workers.engines.base import Admit, Pcm, SynthesisRequest
 from workers.engines.chattts.continuous import ContinuousBatcher, Job
 from workers.engines.chattts.generation import Generator, RowProgress, SamplingParams
 from workers.engines.chattts.loader import load_chat
-from workers.engines.chattts.speakers import SpeakerBank, VoiceLookup, switch_steps, transition
+from workers.engines.chattts.speakers import SPEAKER_CACHE, SpeakerBank, VoiceLookup, switch_steps, transition
 from workers.engines.chattts.streaming import Fader, IncrementalDecoder, StreamConfig
 from workers.engines.chattts.text_split import MAX_PIECE_CHARS, split_for_transition, split_text
 
@@ -47,7 +47,8 @@ class ChatTTSEngine:
     ``max_batch``; ``seed`` of this context's sampler; sampling (``temperature``, ``top_p``, ``top_k``,
     ``repetition_penalty``, ``max_new_tokens``, ``min_new_tokens``); streaming (``first_chunk_steps``,
     ``chunk_steps``, ``left_context_steps``, ``holdback_steps``, ``overlap_samples``);
-    ``max_piece_chars``; ``voice_lookup`` (resolves blend parts; e.g. ``catalog.get``);
+    ``max_piece_chars``; ``voice_lookup`` (resolves blend parts; e.g. ``catalog.get``); ``speaker_cache``
+    (embeddings kept, least recently used evicted: a client can name any mix);
     ``torch_threads`` (intra-op threads of this process, when set); ``continuous`` (with ``max_batch``
     > 1 the pool drives :meth:`stream_continuous`: rows join the running batch at the next GPT step).
     """
@@ -64,11 +65,15 @@ class ChatTTSEngine:
                  min_new_tokens: int = 1, first_chunk_steps: int = 8, chunk_steps: int = 24,
                  left_context_steps: int = 16, holdback_steps: int = 8, overlap_samples: int = 1024,
                  max_piece_chars: int = MAX_PIECE_CHARS, voice_lookup: VoiceLookup | None = None,
-                 torch_threads: int | None = None, continuous: bool = False) -> None:
+                 torch_threads: int | None = None, continuous: bool = False,
+                 speaker_cache: int = SPEAKER_CACHE) -> None:
         if interpolation_steps < 1 or max_batch < 1 or fade_ms < 0:
             raise EngineError("chattts: interpolation_steps and max_batch must be >= 1, fade_ms >= 0")
         if int8 and bf16:
             raise EngineError("chattts: choose int8 or bf16, not both")
+        if speaker_cache < 1:
+            raise EngineError(f"chattts: speaker_cache (VOXROOM_CHATTTS_SPEAKER_CACHE) must be at least 1, "
+                              f"got {speaker_cache}")
         self.source = source
         self.custom_path = custom_path
         self.sha256_map = sha256_map
@@ -91,6 +96,7 @@ class ChatTTSEngine:
         self.max_piece_chars = max_piece_chars
         self.voice_lookup = voice_lookup
         self.torch_threads = torch_threads
+        self.speaker_cache = speaker_cache
         self.chat: Any = None
         self.device = torch.device("cpu")
         self._gen: Generator | None = None
@@ -125,7 +131,7 @@ class ChatTTSEngine:
         self.chat = chat
         rng = torch.Generator(device=self.device).manual_seed(self.seed)
         self._gen = Generator(chat, rng)
-        self._bank = SpeakerBank(chat.speaker, self.device, self.voice_lookup)
+        self._bank = SpeakerBank(chat.speaker, self.device, self.voice_lookup, capacity=self.speaker_cache)
         log.info("chattts context ready on %s (gpt dtype %s, int8=%s)", self.device,
                  _gpt_dtype(chat.gpt.gpt), self.int8)
 

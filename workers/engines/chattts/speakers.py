@@ -9,14 +9,21 @@ A chattts voice in the catalog has ``params`` of one of three kinds::
 ChatTTS L2-normalises the embedding before use, so only its direction matters: every embedding here is
 stored unit-norm, a blend is the normalised weighted sum of unit vectors, and an A->B transition steps
 along the normalised linear path (nlerp) between them.
+
+The cache is bounded: a client can name any mix (``a:2+b``, voxroom/voice_mix.py), so the ids a
+context sees are not bounded by the catalog. It is one LRU over every id, catalog voices and mixes
+alike, with no class of entry kept apart: a mix's parts go through the cache too, so the voices in
+use stay near the recent end, and an entry evicted anyway is recomputed, bit for bit, from its
+params (a seed draw or a decode of about 1 KB, far below a GPT step).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 import torch
 import torch.nn.functional as F
@@ -28,24 +35,45 @@ log = logging.getLogger("voxroom.engine.chattts")
 
 VoiceLookup = Callable[[str], Voice]
 
+SPEAKER_CACHE: Final = 256
+"""Embeddings one bank keeps by default: 256 x 768 float32 is 0.8 MB on the context's device, far
+more voices than rooms switch between, while any number of distinct mixes stays within it."""
+
 
 class SpeakerBank:
     """Resolves voices of one context to unit-norm embeddings on that context's device."""
 
-    def __init__(self, speaker: Any, device: torch.device, lookup: VoiceLookup | None = None) -> None:
+    def __init__(self, speaker: Any, device: torch.device, lookup: VoiceLookup | None = None, *,
+                 capacity: int = SPEAKER_CACHE) -> None:
+        """``capacity``: embeddings kept, least recently used evicted first (at least 1). Not
+        thread-safe: a bank belongs to one context's thread. Raises :class:`EngineError`."""
+        if capacity < 1:
+            raise EngineError(f"chattts: the speaker cache holds at least 1 embedding, got {capacity}")
         self.speaker = speaker  # ChatTTS.model.speaker.Speaker: has std/mean and the string codec
         self.device = device
         self.lookup = lookup
-        self._cache: dict[str, torch.Tensor] = {}
+        self.capacity = capacity
+        self._cache: OrderedDict[str, torch.Tensor] = OrderedDict()
+
+    def __len__(self) -> int:
+        """Embeddings held now (at most ``capacity``)."""
+        return len(self._cache)
 
     def embedding(self, voice: Voice) -> torch.Tensor:
-        """The unit-norm embedding of ``voice`` (computed once, then cached by voice id).
+        """The unit-norm embedding of ``voice`` (cached by voice id, least recently used evicted).
         Raises :class:`EngineError` for malformed params, :class:`UnknownVoice` for a blend part."""
-        cached = self._cache.get(voice.id)
-        if cached is None:
-            cached = self._compute(voice, depth=0)
-            self._cache[voice.id] = cached
-        return cached
+        return self._cached(voice, depth=0)
+
+    def _cached(self, voice: Voice, depth: int) -> torch.Tensor:
+        found = self._cache.get(voice.id)
+        if found is not None:
+            self._cache.move_to_end(voice.id)
+            return found
+        made = self._compute(voice, depth)
+        self._cache[voice.id] = made
+        if len(self._cache) > self.capacity:
+            self._cache.popitem(last=False)
+        return made
 
     def _compute(self, voice: Voice, depth: int) -> torch.Tensor:
         params: Mapping[str, Any] = voice.params
@@ -77,10 +105,7 @@ class SpeakerBank:
             other = self.lookup(str(part["voice"]))
             if other.engine != "chattts":
                 raise UnknownVoice(other.id)
-            vec = self._cache.get(other.id)
-            if vec is None:
-                vec = self._compute(other, depth + 1)
-            term = vec * float(part["weight"])
+            term = self._cached(other, depth + 1) * float(part["weight"])
             total = term if total is None else total + term
         if total is None:
             raise EngineError(f"voice {voice.id!r}: empty blend")
