@@ -58,14 +58,18 @@ def synthesize(name: str, engine: Engine, batch: Sequence[Utterance],
                meter: Meter) -> list[CachedLine | None]:
     """Run ``batch`` on ``engine`` to its end (on the context's thread); every row's audio and
     word marks for the audio cache when ``keep`` (see :meth:`Row.finish`). A line alone on an
-    engine that times its words (``TimedEngine``) gets its marks; rows of a batch get none. An
-    engine failure fails the batch's lines, never the context."""
+    engine that times its words (``TimedEngine``) gets its marks; rows of a batch get the marks
+    the batch engine yields beside their audio (ChatTTS's, per text piece). An engine failure
+    fails the batch's lines, never the context."""
     started = time.perf_counter()
     rows = [Row(utt, engine.sample_rate, max_slices=max_slices, keep=keep, started=started) for utt in batch]
     try:
         if len(rows) > 1 and batches(engine):
-            for i, pcm in engine.stream_batch([request(u) for u in batch], [u.cancel for u in batch]):
-                rows[i].feed(pcm)
+            for i, item in engine.stream_batch([request(u) for u in batch], [u.cancel for u in batch]):
+                if isinstance(item, list):  # word marks (base.RowItem)
+                    rows[i].mark(item)
+                else:
+                    rows[i].feed(item)
         else:
             timed = getattr(engine, "stream_timed", None)
             if callable(timed):

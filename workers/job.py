@@ -111,9 +111,10 @@ class SliceBuffer:
 
     def add_marks(self, marks: Iterable[WordMark]) -> None:
         """Word marks of this utterance (times from its first sample), from the synthesis thread.
-        No wake: an engine gives each mark before the chunk that holds its start
+        No wake: most engines give each mark before the chunk that holds its start
         (``TimedEngine``), so the publisher finds it when it takes that chunk's slice; marks
-        that come later (an estimate after its audio) go out with the next slice or the end."""
+        that come later (an estimate after its audio, ChatTTS's piece marks) go out with the
+        next slice or the end."""
         self._marks.extend(marks)
 
     def take_marks(self) -> list[WordMark]:

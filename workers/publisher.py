@@ -13,7 +13,8 @@ a pause, never as skipped audio).
 Word marks (``workers/engines/marks.py``; times from the utterance's first sample) go out as a
 ``marks`` entry right before the slice that holds their start, put on the room clock by that
 slice's presentation time: a late shift moves the words with the audio, and every client gets the
-words before the audio they describe.
+words before the audio they describe when the engine gives them in time (ChatTTS gives a piece's
+words when the piece is done: slower than real time, they go out with the next slice, late).
 
 Every write goes through a script that checks the job is still this worker's (``workers/bus.py``):
 when another worker took it over, :class:`workers.bus.OwnershipLost` ends the publishing at once

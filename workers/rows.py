@@ -164,12 +164,15 @@ class ContinuousRows:
             left()
 
         try:
-            for key, pcm in engine.stream_continuous(admit):
+            for key, item in engine.stream_continuous(admit):
                 row = rows.get(key)
                 if row is None:
                     continue
-                if pcm is not None:
-                    row.feed(pcm)
+                if isinstance(item, list):  # word marks (base.RowItem)
+                    row.mark(item)
+                    continue
+                if item is not None:
+                    row.feed(item)
                     continue
                 del rows[key]
                 finish(row)

@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from voxroom.voices import Voice
+from workers.engines.marks import WordMark
 
 Pcm = npt.NDArray[np.float32]
 """Mono float32 samples in [-1, 1] at the engine's :attr:`Engine.sample_rate`."""
@@ -59,11 +60,20 @@ class Engine(Protocol):
         ...
 
 
+RowItem = Pcm | list[WordMark]
+"""What a batch or continuous engine yields for a row: a chunk of its audio, or word marks
+(workers/engines/marks.py) whose times count from the row's first sample and whose offsets index
+its ``request.text``. Marks may come before or after the audio they fall in: an engine gives them
+as soon as it knows them (ChatTTS: right after each text piece's last chunk). The worker hands
+lists to the row's marks (``workers/rowaudio.py`` ``Row.mark``), the rest to its audio."""
+
+
 @runtime_checkable
 class BatchEngine(Engine, Protocol):
     def stream_batch(self, requests: Sequence[SynthesisRequest],
-                     cancel: Sequence[threading.Event]) -> Iterator[tuple[int, Pcm]]:
-        """Synthesize several requests at once; yield ``(row, chunk)`` as each row's audio is ready.
+                     cancel: Sequence[threading.Event]) -> Iterator[tuple[int, RowItem]]:
+        """Synthesize several requests at once; yield ``(row, chunk)`` as each row's audio is ready,
+        and ``(row, marks)`` (a ``list[WordMark]``, :data:`RowItem`) where the engine times words.
         A row whose ``cancel`` is set stops without stopping the others."""
         ...
 
@@ -83,16 +93,13 @@ class ContinuousEngine(Engine, Protocol):
     continuous: bool
     """``True``: the pool drives the engine through :meth:`stream_continuous`."""
 
-    def stream_continuous(self, admit: Admit) -> Iterator[tuple[Hashable, Pcm | None]]:
-        """Yield ``(key, chunk)`` as rows produce audio and ``(key, None)`` once when a row is
-        done (finished or cancelled); return when ``admit`` returns ``None``. The context hands
+    def stream_continuous(self, admit: Admit) -> Iterator[tuple[Hashable, RowItem | None]]:
+        """Yield ``(key, chunk)`` as rows produce audio, ``(key, marks)`` (:data:`RowItem`) where
+        the engine times words, and ``(key, None)`` once when a row is done (finished or
+        cancelled), after everything else of that row; return when ``admit`` returns ``None``. The context hands
         the engine at most ``max_batch`` + ``SPARE_ROWS`` unfinished rows (``workers/rows.py``);
         the engine runs up to ``max_batch`` of them and keeps the rest waiting for a row."""
         ...
-
-
-# Word marks are the optional capability below; the import sits with it (the module is pure).
-from workers.engines.marks import WordMark  # noqa: E402
 
 
 @runtime_checkable
@@ -102,7 +109,10 @@ class TimedEngine(Engine, Protocol):
     def stream_timed(self, request: SynthesisRequest,
                      cancel: threading.Event) -> Iterator[Pcm | list[WordMark]]:
         """:meth:`Engine.stream`'s chunks, with lists of word marks between them. Every mark comes
-        before the chunk that holds its ``start_ms``; times count from the utterance's first
-        sample (at :attr:`Engine.sample_rate`), offsets index ``request.text``. The audio is the
-        same as :meth:`Engine.stream`'s for the same request."""
+        before the chunk that holds its ``start_ms`` where the engine knows it in time (espeak-ng,
+        Piper, the synthetic engine); an engine that knows a stretch's words only once its audio
+        is made gives them right after it (ChatTTS, per text piece), and the room sends them late.
+        Times count from the utterance's first sample (at :attr:`Engine.sample_rate`), offsets
+        index ``request.text``. The audio is the same as :meth:`Engine.stream`'s for the same
+        request."""
         ...

@@ -32,7 +32,7 @@ import numpy.typing as npt
 
 from voxroom import markup
 from voxroom.errors import EngineError
-from workers.engines.base import Admit, Engine, Pcm, SynthesisRequest
+from workers.engines.base import Admit, Engine, Pcm, RowItem, SynthesisRequest
 from workers.engines.lexicon import Lexicon, for_line
 from workers.engines.marks import Rewrite, WordMark, estimate_audio, map_back, split_words
 
@@ -322,27 +322,108 @@ def _part(request: SynthesisRequest, text: str, index: int, count: int) -> Synth
     return dataclasses.replace(request, text=text, switch_range=(start + step * index, stop), lexicon=())
 
 
-class RewritingEngine(_Wrapper):
-    """The lexicon, and pauses as the engine's own break text, around a batch or continuous engine."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class _LineMap:
+    """Where the text given to a batch engine came from in the line as sent: the lexicon's
+    respellings and the stretches between spoken pieces (pauses and their break text, the joins)
+    as ``Rewrite`` spans in text order, and which spans of the engine's text are no word of the
+    line (``gaps``: a break text's words, markup kept for a native engine)."""
 
-    def _text(self, request: SynthesisRequest) -> str:
+    original: str
+    text: str
+    rewrites: tuple[Rewrite, ...]
+    gaps: tuple[tuple[int, int], ...]
+
+    def marks(self, marks: list[WordMark]) -> list[WordMark]:
+        """Marks over :attr:`text` as marks over :attr:`original` (``marks.map_back``): offsets
+        where the words are written in the line, markup included; respelled words named as
+        written; marks of words the line does not have dropped. A respelling the engine times
+        in two calls (cut between two of its text pieces) gets a mark from each."""
+        kept = [m for m in marks if not any(a <= m.offset < b for a, b in self.gaps)]
+        return map_back(kept, self.original, self.rewrites) if kept else []
+
+
+class RewritingEngine(_Wrapper):
+    """The lexicon, and pauses as the engine's own break text, around a batch or continuous engine.
+
+    Word marks: an inner engine with a ``word_marks`` switch (ChatTTS) has it turned on, and the
+    marks it yields in :meth:`stream_batch`, :meth:`stream_continuous` and :meth:`stream_timed`
+    are mapped back to the line as sent (``request.text``, markup included), as
+    :class:`NarratorEngine` maps its pieces' marks."""
+
+    def __init__(self, inner: Engine, lexicon: Lexicon | None) -> None:
+        super().__init__(inner, lexicon)
+        if hasattr(inner, "word_marks"):
+            # Only this wrapper knows how to map the engine's marks to the line: an engine used
+            # bare keeps yielding audio only.
+            inner.word_marks = True
+
+    def _line(self, request: SynthesisRequest) -> _LineMap:
         text = request.text
         script = _script(text)
-        native = bool(getattr(self.inner, "markup_native", False))
-        if native:
-            # Words get the lexicon; the markup stays as written for the engine to render.
-            return markup.map_words(text, lambda words: self._respell(request, words)[0])
+        if getattr(self.inner, "markup_native", False):
+            return self._native(request)
         pause_text = getattr(self.inner, "pause_text", None)
         out: list[str] = []
-        for piece in script.pieces:
+        rewrites: list[Rewrite] = []
+        gaps: list[tuple[int, int]] = []
+        size = 0  # len(" ".join(out))
+        written_end = new_end = 0  # where the last spoken piece ends, in the line and in ``out``
+
+        def add(part: str) -> int:
+            nonlocal size
+            at = size + (1 if out else 0)
+            out.append(part)
+            size = at + len(part)
+            return at
+
+        for piece, place in zip(script.pieces, _piece_offsets(text, script.pieces), strict=True):
             if isinstance(piece, markup.Pause):
                 if callable(pause_text):
-                    out.append(str(pause_text(piece.ms)))
+                    add(str(pause_text(piece.ms)))
                 elif out and out[-1][-1:] not in ".,;:!?。，；：！？":
-                    out.append(",")
+                    add(",")
                 continue
-            out.append(self._respell(request, piece)[0])
-        return " ".join(out)
+            respelled, spans = self._respell(request, piece)
+            at = add(respelled)
+            if (place, at) != (written_end, new_end):
+                # Between two spoken pieces: pause markup in the line, break text or a comma here.
+                rewrites.append(Rewrite(written_end, place - written_end, new_end, at - new_end))
+                if at > new_end:
+                    gaps.append((new_end, at))
+            rewrites += [Rewrite(place + r.offset, r.length, at + r.new_offset, r.new_length) for r in spans]
+            written_end, new_end = place + len(piece), at + len(respelled)
+        return _LineMap(text, " ".join(out), tuple(rewrites), tuple(gaps))
+
+    def _native(self, request: SynthesisRequest) -> _LineMap:
+        """An engine that renders the markup itself: its words respelled, the markup as written
+        (as ``markup.map_words``), the pause tokens no words of the line."""
+        text = request.text
+        out: list[str] = []
+        rewrites: list[Rewrite] = []
+        gaps: list[tuple[int, int]] = []
+        size = last = 0
+
+        def stretch(end: int) -> None:
+            nonlocal size
+            respelled, spans = self._respell(request, text[last:end])
+            rewrites.extend(Rewrite(last + r.offset, r.length, size + r.new_offset, r.new_length) for r in spans)
+            out.append(respelled)
+            size += len(respelled)
+
+        for found in markup._CANDIDATE.finditer(text):
+            if markup._pause(found.group()) is None:
+                continue
+            stretch(found.start())
+            gaps.append((size, size + len(found.group())))
+            out.append(found.group())
+            size += len(found.group())
+            last = found.end()
+        stretch(len(text))
+        return _LineMap(text, "".join(out), tuple(rewrites), tuple(gaps))
+
+    def _text(self, request: SynthesisRequest) -> str:
+        return self._line(request).text
 
     def _request(self, request: SynthesisRequest) -> SynthesisRequest:
         return dataclasses.replace(request, text=self._text(request), lexicon=())
@@ -350,20 +431,62 @@ class RewritingEngine(_Wrapper):
     def stream(self, request: SynthesisRequest, cancel: threading.Event) -> Iterator[Pcm]:
         return self.inner.stream(self._request(request), cancel)
 
-    def stream_batch(self, requests: Sequence[SynthesisRequest],
-                     cancel: Sequence[threading.Event]) -> Iterator[tuple[int, Pcm]]:
-        batch = getattr(self.inner, "stream_batch")  # noqa: B009 - only batch engines get here
-        rows: Iterator[tuple[int, Pcm]] = batch([self._request(r) for r in requests], cancel)
-        return rows
+    def stream_timed(self, request: SynthesisRequest, cancel: threading.Event) -> Iterator[Pcm | list[WordMark]]:
+        """The inner engine's ``stream_timed`` (:class:`workers.engines.base.TimedEngine`), its
+        marks mapped to the line as sent; only audio from an inner engine without one."""
+        line = self._line(request)
+        inner = dataclasses.replace(request, text=line.text, lexicon=())
+        timed = getattr(self.inner, "stream_timed", None)
+        if not callable(timed):
+            yield from self.inner.stream(inner, cancel)
+            return
+        for item in timed(inner, cancel):
+            if isinstance(item, list):
+                if marks := line.marks(item):
+                    yield marks
+            else:
+                yield item
 
-    def stream_continuous(self, admit: Admit) -> Iterator[tuple[Hashable, Pcm | None]]:
+    def stream_batch(self, requests: Sequence[SynthesisRequest],
+                     cancel: Sequence[threading.Event]) -> Iterator[tuple[int, RowItem]]:
+        lines = [self._line(r) for r in requests]
+        batch = getattr(self.inner, "stream_batch")  # noqa: B009 - only batch engines get here
+        rows: Iterator[tuple[int, RowItem]] = batch(
+            [dataclasses.replace(r, text=line.text, lexicon=()) for r, line in zip(requests, lines, strict=True)],
+            cancel)
+        for row, item in rows:
+            if isinstance(item, list):
+                if marks := lines[row].marks(item):
+                    yield row, marks
+            else:
+                yield row, item
+
+    def stream_continuous(self, admit: Admit) -> Iterator[tuple[Hashable, RowItem | None]]:
+        lines: dict[Hashable, _LineMap] = {}
+
         def rewritten(timeout: float | None) -> list[tuple[Hashable, SynthesisRequest, threading.Event]] | None:
             rows = admit(timeout)
-            return None if rows is None else [(key, self._request(req), ev) for key, req, ev in rows]
+            if rows is None:
+                return None
+            out: list[tuple[Hashable, SynthesisRequest, threading.Event]] = []
+            for key, req, ev in rows:
+                line = self._line(req)
+                lines[key] = line
+                out.append((key, dataclasses.replace(req, text=line.text, lexicon=()), ev))
+            return out
 
         continuous = getattr(self.inner, "stream_continuous")  # noqa: B009
-        out: Iterator[tuple[Hashable, Pcm | None]] = continuous(rewritten)
-        return out
+        events: Iterator[tuple[Hashable, RowItem | None]] = continuous(rewritten)
+        for key, item in events:
+            if item is None:
+                lines.pop(key, None)
+                yield key, None
+            elif isinstance(item, list):
+                line = lines.get(key)
+                if line is not None and (marks := line.marks(item)):
+                    yield key, marks
+            else:
+                yield key, item
 
 
 _NO_LEXICON: Final = Lexicon(())

@@ -17,6 +17,10 @@ A multi-piece utterance keeps its place: when a piece ends its next piece joins 
 (the repetition window, the minimum length, the step count) is the row's own, so with argmax
 sampling a row's codes, and therefore its audio, are those of the same row run alone up to float
 rounding, whatever joins or leaves around it.
+
+Word marks (a job with a ``timer``): when a piece's last chunk is out, the row yields that piece's
+marks (``timing.PieceTimer`` over the piece's audio), right after the chunk: ChatTTS knows which
+audio is which words only once a piece is done.
 """
 
 from __future__ import annotations
@@ -37,10 +41,12 @@ from workers.engines.base import Admit, Pcm, SynthesisRequest
 from workers.engines.chattts import kv
 from workers.engines.chattts.generation import Generator, SamplingParams, _has_float_params, _mask_or_none
 from workers.engines.chattts.streaming import Fader, IncrementalDecoder
+from workers.engines.chattts.timing import PieceTimer
+from workers.engines.marks import WordMark
 
 log = logging.getLogger("voxroom.engine.chattts")
 
-Event = tuple[Hashable, Pcm | None]
+Event = tuple[Hashable, Pcm | list[WordMark] | None]
 
 
 @dataclass(slots=True)
@@ -51,6 +57,8 @@ class Job:
     speakers: list[torch.Tensor]
     cancel: threading.Event
     piece: int = 0
+    timer: PieceTimer | None = None
+    """Gives each finished piece's word marks (over the request's text); ``None``: no marks."""
 
 
 @dataclass(slots=True)
@@ -60,6 +68,8 @@ class _Row:
     decoder: IncrementalDecoder
     fader: Fader
     hiddens: list[torch.Tensor] = field(default_factory=list)
+    heard: list[Pcm] = field(default_factory=list)
+    """The piece's audio so far, for its marks (only when the job has a ``timer``)."""
     history: int = 0
     """Codes of this row in the repetition window (``codes``' rightmost columns)."""
 
@@ -232,9 +242,19 @@ class ContinuousBatcher:
 
     def _audio(self, row: _Row, *, final: bool) -> list[Event]:
         chunk = row.decoder.emit(row.hiddens, final)
-        if not len(chunk):
-            return []
-        return [(row.job.key, row.fader.apply(np.clip(chunk, -1.0, 1.0), final))]
+        job = row.job
+        events: list[Event] = []
+        if len(chunk):
+            out = row.fader.apply(np.clip(chunk, -1.0, 1.0), final)
+            if job.timer is not None:
+                row.heard.append(out)
+            events.append((job.key, out))
+        if final and job.timer is not None:
+            audio = np.concatenate(row.heard) if row.heard else np.zeros(0, np.float32)
+            marks = job.timer.piece(job.pieces[job.piece], audio)
+            if marks:
+                events.append((job.key, marks))
+        return events
 
     def _pick(self) -> torch.Tensor:
         """``(B, num_vq)`` codes. ChatTTS's processors and warpers, with the repetition penalty fed

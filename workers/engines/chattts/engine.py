@@ -25,6 +25,8 @@ from workers.engines.chattts.loader import load_chat
 from workers.engines.chattts.speakers import SPEAKER_CACHE, SpeakerBank, VoiceLookup, switch_steps, transition
 from workers.engines.chattts.streaming import Fader, IncrementalDecoder, StreamConfig
 from workers.engines.chattts.text_split import MAX_PIECE_CHARS, split_for_transition, split_text
+from workers.engines.chattts.timing import PieceTimer
+from workers.engines.marks import WordMark
 
 log = logging.getLogger("voxroom.engine.chattts")
 
@@ -50,7 +52,11 @@ class ChatTTSEngine:
     ``max_piece_chars``; ``voice_lookup`` (resolves blend parts; e.g. ``catalog.get``); ``speaker_cache``
     (embeddings kept, least recently used evicted: a client can name any mix);
     ``torch_threads`` (intra-op threads of this process, when set); ``continuous`` (with ``max_batch``
-    > 1 the pool drives :meth:`stream_continuous`: rows join the running batch at the next GPT step).
+    > 1 the pool drives :meth:`stream_continuous`: rows join the running batch at the next GPT step);
+    ``word_marks`` (:meth:`stream_batch` and :meth:`stream_continuous` also yield each row's word
+    marks, piece by piece: see :meth:`stream_timed`. Off by default so that a caller that reads
+    only audio gets only audio; the pool's wrapper, which maps the marks to the line as sent,
+    turns it on: workers/engines/markup.py).
     """
 
     name = "chattts"
@@ -66,7 +72,7 @@ class ChatTTSEngine:
                  left_context_steps: int = 16, holdback_steps: int = 8, overlap_samples: int = 1024,
                  max_piece_chars: int = MAX_PIECE_CHARS, voice_lookup: VoiceLookup | None = None,
                  torch_threads: int | None = None, continuous: bool = False,
-                 speaker_cache: int = SPEAKER_CACHE) -> None:
+                 speaker_cache: int = SPEAKER_CACHE, word_marks: bool = False) -> None:
         if interpolation_steps < 1 or max_batch < 1 or fade_ms < 0:
             raise EngineError("chattts: interpolation_steps and max_batch must be >= 1, fade_ms >= 0")
         if int8 and bf16:
@@ -85,6 +91,7 @@ class ChatTTSEngine:
         self.fade_samples = round(fade_ms * self.sample_rate / 1000)
         self.max_batch = max_batch
         self.continuous = continuous
+        self.word_marks = word_marks
         self.seed = seed
         # min_new_tokens >= 1: a row that ends at step 0 would be silent (upstream regenerates instead).
         self.sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k,
@@ -167,45 +174,66 @@ class ChatTTSEngine:
 
     # --- synthesis -------------------------------------------------------------------------------
     def stream(self, request: SynthesisRequest, cancel: threading.Event) -> Iterator[Pcm]:
-        for _, chunk in self.stream_batch([request], [cancel]):
-            yield chunk
+        for _, item in self._batch([request], [cancel], marks=False):
+            if not isinstance(item, list):
+                yield item
+
+    def stream_timed(self, request: SynthesisRequest, cancel: threading.Event) -> Iterator[Pcm | list[WordMark]]:
+        """:meth:`stream`'s audio and the line's word marks (``workers.engines.base.TimedEngine``).
+        ChatTTS knows which of its audio is which words only by text piece (``split_text``): when a
+        piece's last chunk is out, the piece's words are spread over its voiced audio
+        (``timing.PieceTimer``), so each piece's marks come right *after* that piece's audio,
+        never before it. Offsets index ``request.text`` as given (before ChatTTS's normalizer);
+        times count from the line's first sample. A cancelled line gets no more marks."""
+        for _, item in self._batch([request], [cancel], marks=True):
+            yield item
 
     def stream_batch(self, requests: Sequence[SynthesisRequest],
-                     cancel: Sequence[threading.Event]) -> Iterator[tuple[int, Pcm]]:
+                     cancel: Sequence[threading.Event]) -> Iterator[tuple[int, Pcm | list[WordMark]]]:
         """Synthesize up to ``max_batch`` requests together, each row with its own voice; yield
-        ``(row, chunk)`` as soon as a row's chunk is decoded. Text pieces go in rounds: round ``k``
-        batches piece ``k`` of every row that has one. A row whose ``cancel`` is set leaves the batch at
-        the next GPT step (its KV-cache rows are dropped) and yields nothing more; other rows go on.
+        ``(row, chunk)`` as soon as a row's chunk is decoded and, with ``word_marks`` set,
+        ``(row, marks)`` right after the last chunk of each of the row's text pieces (as
+        :meth:`stream_timed`). Text pieces go in rounds: round ``k`` batches piece ``k`` of every
+        row that has one. A row whose ``cancel`` is set leaves the batch at the next GPT step (its
+        KV-cache rows are dropped) and yields nothing more; other rows go on.
         ``Chat.interrupt()`` is never used: it would stop every stream of this ``Chat``."""
+        return self._batch(requests, cancel, marks=self.word_marks)
+
+    def _batch(self, requests: Sequence[SynthesisRequest], cancel: Sequence[threading.Event], *,
+               marks: bool) -> Iterator[tuple[int, Pcm | list[WordMark]]]:
         gen, _ = self._require()
         if len(requests) != len(cancel):
             raise EngineError("stream_batch: one cancel event per request")
         if len(requests) > self.max_batch:
             raise EngineError(f"stream_batch: {len(requests)} requests, max_batch is {self.max_batch}")
         plans = [_Plan(*self.plan(r)) for r in requests]
+        timers = [PieceTimer(r.text, self.sample_rate) if marks else None for r in requests]
         rounds = max((len(p.pieces) for p in plans), default=0)
         for k in range(rounds):
             rows = [r for r, p in enumerate(plans) if k < len(p.pieces) and not cancel[r].is_set()]
             if not rows:
                 break
             yield from self._round(gen, [plans[r].pieces[k] for r in rows],
-                                   [plans[r].speakers[k] for r in rows], rows, cancel)
+                                   [plans[r].speakers[k] for r in rows], rows, cancel,
+                                   [timers[r] for r in rows])
         for r, p in enumerate(plans):
             if p.pieces and not cancel[r].is_set():
                 self._utterance_done()
 
-    def stream_continuous(self, admit: Admit) -> Iterator[tuple[Hashable, Pcm | None]]:
+    def stream_continuous(self, admit: Admit) -> Iterator[tuple[Hashable, Pcm | list[WordMark] | None]]:
         """Continuous batching (see ``continuous.py``): up to ``max_batch`` rows in the GPT batch,
         each joining at the next step and leaving on EOS or cancel; further requests wait for a row.
-        Yields ``(key, chunk)`` and ``(key, None)`` once per request; returns when ``admit`` returns
-        ``None``."""
+        Yields ``(key, chunk)``, with ``word_marks`` set ``(key, marks)`` right after the last chunk
+        of each text piece (as :meth:`stream_timed`), and ``(key, None)`` once per request;
+        returns when ``admit`` returns ``None``."""
         gen, _ = self._require()
         chat = self.chat
         log.info("chattts continuous batching on %s: up to %d rows a step", self.device, self.max_batch)
 
         def plan(key: Hashable, request: SynthesisRequest, cancel: threading.Event) -> Job:
             pieces, speakers = self.plan(request)
-            return Job(key, pieces, speakers, cancel)
+            timer = PieceTimer(request.text, self.sample_rate) if self.word_marks else None
+            return Job(key, pieces, speakers, cancel, timer=timer)
 
         self.batcher = ContinuousBatcher(
             gen, self.sampling, max_rows=self.max_batch,
@@ -215,13 +243,16 @@ class ChatTTSEngine:
         yield from self.batcher.serve(admit, plan)
 
     def _round(self, gen: Generator, texts: list[str], speakers: list[torch.Tensor], rows: list[int],
-               cancel: Sequence[threading.Event]) -> Iterator[tuple[int, Pcm]]:
+               cancel: Sequence[threading.Event],
+               timers: list[PieceTimer | None]) -> Iterator[tuple[int, Pcm | list[WordMark]]]:
         chat = self.chat
+        # The model reads the normalized text; the marks (``timers``) are over the text as split.
         normed = [chat.normalizer(t, True, True, None) for t in texts]
         progress = [RowProgress() for _ in rows]
         decoders = [IncrementalDecoder(self._decode, self.stream_config) for _ in rows]
         faders = [Fader(self.fade_samples) for _ in rows]
         finished = [False] * len(rows)
+        heard: list[list[Pcm]] = [[] for _ in rows]  # each row's audio of this piece, for its marks
 
         def cancelled(i: int) -> bool:
             return cancel[rows[i]].is_set()
@@ -241,7 +272,15 @@ class ChatTTSEngine:
                 if final:
                     finished[i] = True
                 if len(chunk):
-                    yield rows[i], faders[i].apply(np.clip(chunk, -1.0, 1.0), final)
+                    out = faders[i].apply(np.clip(chunk, -1.0, 1.0), final)
+                    if timers[i] is not None:
+                        heard[i].append(out)
+                    yield rows[i], out
+                timer = timers[i]
+                if final and timer is not None and not cancelled(i):
+                    marks = timer.piece(texts[i], np.concatenate(heard[i]) if heard[i] else np.zeros(0, np.float32))
+                    if marks:
+                        yield rows[i], marks
 
     @torch.inference_mode()
     def _decode(self, hiddens: torch.Tensor) -> Pcm:
