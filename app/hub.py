@@ -18,6 +18,14 @@ same loop turn, so nothing is missed or sent twice).
 Joins need no lock: a room's first join reads the stream's tail (joins issued together share one
 pipelined round trip), later joins of the same room wait for that read, and the room is registered
 only once the read succeeded (a failed join leaves no half-joined room).
+
+**On a Redis Cluster** (``redis`` a ``RedisCluster``, decided once when the gateway starts) one
+``XREAD`` cannot span rooms: their keys lie in different slots and a cluster refuses that
+(``CROSSSLOT``, even on one node). Each room then has a reader of its own, one blocked ``XREAD``
+of its ``:out`` on the node that holds its slot, no wake stream (its room never changes: the room's
+first join starts it, its last leave stops it), ``MOVED``/``ASK``/failover followed from the same
+cursor (``voxroom/cluster_reads.py``). The commands go through one autopipeline per node
+(``voxroom/cluster_autopipe.py``). Everything else here (cursors, catch-up, dispatch) is the same.
 """
 
 from __future__ import annotations
@@ -28,14 +36,17 @@ from collections.abc import Callable
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
 from app import catchup
 from app.connection import ClientConnection
 from app.entries import control, entry_id_str, fields
 from app.resume import ResumePoint, stop_here
 from voxroom import keys, metrics
-from voxroom.autopipe import AutoPipeline
+from voxroom.autopipe import AutoPipeline, Commands
 from voxroom.backoff import REDIS_DOWN, Backoff
+from voxroom.cluster_autopipe import ClusterAutoPipeline
+from voxroom.cluster_reads import ClusterReads
 from voxroom.protocol import CODEC_OPUS, encode_server_message
 from voxroom.supervisor import Supervisor
 
@@ -52,18 +63,21 @@ class ResumeRefused(Exception):
 
 
 class _Reader:
-    def __init__(self, hub: RoomHub, index: int) -> None:
+    def __init__(self, hub: RoomHub, index: int, room: str | None = None) -> None:
         self.hub = hub
         self.index = index
-        self.name = f"hub:reader:{index}"
+        self.name = f"hub:reader:{index}" if room is None else f"room:{room}:hub-read"
         self.wake_key = keys.gateway_wake(hub.gateway_id, index)
         self.cursors: dict[str, str] = {}
         """Room -> id of the last entry read and dispatched (or the tail when the room joined)."""
         self.task: asyncio.Task[None] | None = None
-        self.wire = AutoPipeline(hub.redis, timeout_s=READ_BLOCK_MS / 1000 + 5)
+        self.wire = (AutoPipeline(hub.client, timeout_s=READ_BLOCK_MS / 1000 + 5)
+                     if isinstance(hub.client, Redis) else None)
         """This reader's own connection: a blocked read must not hold up anybody's commands."""
 
     async def wake(self) -> None:
+        if self.hub.cluster is not None:  # a cluster reader's one room never changes
+            return
         # On the hub's shared pipelined connection: a hundred clients leaving at once are a
         # hundred wakes, which must not each take a pooled connection.
         await self.hub.control.group([  # raises an error reply, as a redis-py pipeline would
@@ -72,6 +86,10 @@ class _Reader:
     async def run(self) -> None:
         """Read and dispatch until cancelled. Redis being unavailable is waited out here; anything
         else raises to the supervisor, which restarts this (the cursors are kept)."""
+        if self.hub.cluster is not None:
+            await self._run_cluster(self.hub.cluster)
+            return
+        assert self.wire is not None
         backoff = Backoff()
         wake_cursor: str | None = None
         while True:
@@ -97,21 +115,48 @@ class _Reader:
                 continue
             for stream, entries in resp or []:
                 name = stream.decode() if isinstance(stream, bytes) else stream
-                last = entries[-1][0]
-                last = last.decode() if isinstance(last, bytes) else last
                 if name == self.wake_key:
-                    wake_cursor = last
+                    wake_cursor = entry_id_str(entries[-1][0])
                     continue
-                room = keys.room_of_key(name)
-                if room in self.cursors:
-                    # Cursor moved and entries dispatched with no await in between: a catching-up
-                    # client that compares its position with the cursor sees a consistent pair.
-                    self.cursors[room] = last
-                    self.hub.dispatch(room, [(entry_id, fields(flat)) for entry_id, flat in entries])
+                self._dispatch(name, entries)
             self.hub.pulse()
 
+    def _dispatch(self, name: str, entries: list[Any]) -> None:
+        room = keys.room_of_key(name)
+        if room in self.cursors:
+            # Cursor moved and entries dispatched with no await in between: a catching-up
+            # client that compares its position with the cursor sees a consistent pair.
+            self.cursors[room] = entry_id_str(entries[-1][0])
+            self.hub.dispatch(room, [(entry_id, fields(flat)) for entry_id, flat in entries])
 
-async def _tail(control: AutoPipeline, key: str) -> str:
+    async def _run_cluster(self, reads: ClusterReads) -> None:
+        """One room, one blocked read on its node; redirections are followed inside ``xread``
+        (it returns ``None`` and the read is sent again after the same cursor). The backoff stops
+        at 1 s: a failover ends when the replica is promoted, and the readers of the lost node's
+        rooms should not sleep 5 s past it (their map refreshes are shared, see ``ClusterReads``)."""
+        backoff = Backoff(cap=1.0)
+        while True:
+            if not self.cursors:  # its room left; the hub is stopping this loop
+                await asyncio.sleep(READ_BLOCK_MS / 1000)
+                continue
+            room, cursor = next(iter(self.cursors.items()))
+            try:
+                resp: Any = await reads.xread(keys.room_output(room), cursor, count=READ_COUNT,
+                                              block_ms=READ_BLOCK_MS)
+                backoff.reset()
+            except REDIS_DOWN as exc:
+                # Every room of a failed node fails at once: one line per room at the first failure.
+                (log.warning if backoff.delay == backoff.first else log.debug)(
+                    "hub reader of room %s: redis unavailable (%s); retrying in %.1f s", room, exc, backoff.delay)
+                await backoff.wait()
+                continue
+            for stream, entries in resp or []:
+                self._dispatch(stream.decode() if isinstance(stream, bytes) else stream, entries)
+            if resp:
+                self.hub.pulse()
+
+
+async def _tail(control: Commands, key: str) -> str:
     """The id of the stream's last entry (``0-0`` when it has none)."""
     last = await control.call("XREVRANGE", key, "+", "-", "COUNT", 1)
     return entry_id_str(last[0][0]) if last else "0-0"
@@ -123,24 +168,36 @@ class RoomHub:
     ``redis`` must be a client with ``decode_responses=False``: frames are bytes.
     """
 
-    def __init__(self, redis: Redis, gateway_id: str, *, rooms_per_reader: int = 200,
+    def __init__(self, redis: Redis | RedisCluster, gateway_id: str, *, rooms_per_reader: int = 200,
                  on_frame: Callable[[int], None] | None = None, supervisor: Supervisor | None = None) -> None:
-        self.redis = redis
+        self.client = redis
         self.gateway_id = gateway_id
         self.rooms_per_reader = rooms_per_reader
         self.supervisor = supervisor or Supervisor("gateway")
-        self.control = AutoPipeline(redis)
-        """Joins', leaves' and catch-ups' commands, pipelined on one connection."""
+        self.cluster = ClusterReads(redis) if isinstance(redis, RedisCluster) else None
+        """Set on a Redis Cluster: a reader per room (see the module's docstring)."""
+        self.control: Commands = (AutoPipeline(redis) if isinstance(redis, Redis) else
+                                  ClusterAutoPipeline(redis, reads=self.cluster))
+        """Joins', leaves' and catch-ups' commands, pipelined on one connection (one per node)."""
         self.rooms: dict[str, set[ClientConnection]] = {}
         """Room -> its live clients (may be empty while all its clients are catching up)."""
         self.catching: dict[str, set[ClientConnection]] = {}
         self._catchups: dict[ClientConnection, asyncio.Task[None]] = {}
         self._reader_of: dict[str, _Reader] = {}
         self._readers: list[_Reader] = []
+        self._next_reader = 0
         self._joining: dict[str, asyncio.Future[None]] = {}
         self._advanced = asyncio.Event()
         self._on_frame = on_frame
         self.frames_in = 0
+
+    @property
+    def redis(self) -> Redis:
+        """The single-instance client, for the callers not built for a cluster yet (the speech
+        API's private rooms). Raises ``RuntimeError`` on a cluster."""
+        if not isinstance(self.client, Redis):
+            raise RuntimeError("this part of the gateway does not run on Redis Cluster yet (docs/cluster.md)")
+        return self.client
 
     async def join(self, client: ClientConnection, resume: ResumePoint | None = None, *,
                    welcome: str | None = None) -> None:
@@ -166,7 +223,7 @@ class RoomHub:
                 tail = await _tail(self.control, keys.room_output(room))
             finally:
                 self._joining.pop(room).set_result(None)
-            reader = self._pick_reader()
+            reader = self._pick_reader(room)
             self.rooms[room] = set()
             self.catching[room] = set()
             reader.cursors[room] = tail
@@ -273,6 +330,10 @@ class RoomHub:
         del self.rooms[room], self.catching[room]
         reader = self._reader_of.pop(room)
         reader.cursors.pop(room, None)
+        if self.cluster is not None:
+            self._readers.remove(reader)
+            await self.supervisor.stop(reader.name)
+            return
         try:
             await reader.wake()
         except Exception as exc:  # the reader drops the room on its next read anyway
@@ -295,7 +356,13 @@ class RoomHub:
                 except REDIS_DOWN as exc:
                     log.warning("could not refresh opus demand: %s", exc)
 
-    def _pick_reader(self) -> _Reader:
+    def _pick_reader(self, room: str) -> _Reader:
+        if self.cluster is not None:
+            reader = _Reader(self, self._next_reader, room)
+            self._next_reader += 1
+            reader.task = self.supervisor.spawn(reader.name, reader.run)
+            self._readers.append(reader)
+            return reader
         for reader in self._readers:
             if len(reader.cursors) < self.rooms_per_reader:
                 return reader
@@ -334,9 +401,10 @@ class RoomHub:
         for reader in self._readers:
             await self.supervisor.stop(reader.name)
         for reader in self._readers:
-            await reader.wire.aclose()
+            if reader.wire is not None:
+                await reader.wire.aclose()
         await self.control.aclose()
-        if self._readers:
+        if self._readers and self.cluster is None:
             try:
                 await self.redis.delete(*(r.wake_key for r in self._readers))
             except REDIS_DOWN:

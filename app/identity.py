@@ -22,6 +22,10 @@ shows it to everyone in the room. Three sources, three namespaces that cannot me
   a resume after a gateway crash must not wait out the claim's TTL. The old connection's refresh
   then finds the claim taken and leaves it be. Whoever does not hold the secret still cannot speak
   as the id.
+
+On a Redis Cluster (``redis`` a ``RedisCluster``) a script may touch one slot only: the batch
+refresh and release run one script per slot (a room's claims lie in its slot), all of one pass
+sent in one pipeline that redis-py splits by node (one round trip per node).
 """
 
 from __future__ import annotations
@@ -32,9 +36,12 @@ import logging
 import re
 import secrets
 import uuid
+from collections.abc import Iterator
 from typing import Final
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.crc import key_slot
 
 from voxroom import keys, tokens
 from voxroom.backoff import REDIS_DOWN
@@ -115,7 +122,7 @@ def claim_secret(owner: str) -> str:
 class ClientClaims:
     """This gateway's claims on self-chosen client ids, kept alive by :meth:`run`."""
 
-    def __init__(self, redis: Redis, gateway_id: str, *, ttl_s: float = CLAIM_TTL_S) -> None:
+    def __init__(self, redis: Redis | RedisCluster, gateway_id: str, *, ttl_s: float = CLAIM_TTL_S) -> None:
         self._redis = redis
         self._gateway_id = gateway_id
         self._ttl_ms = int(ttl_s * 1000)
@@ -163,6 +170,13 @@ class ClientClaims:
         """Give back every claim this gateway holds (shutdown: its clients reconnect elsewhere at
         once, with the same ids). Never raises."""
         owned, self._owned = list(self._owned.items()), {}
+        if isinstance(self._redis, RedisCluster):
+            try:
+                await self._per_slot(self._redis, owned, _RELEASE_MANY, ())
+            except REDIS_DOWN as exc:
+                log.warning("%d client id claims not released (they expire in %d ms): %s", len(owned),
+                            self._ttl_ms, exc)
+            return
         for start in range(0, len(owned), REFRESH_BATCH):
             batch = owned[start:start + REFRESH_BATCH]
             try:
@@ -176,11 +190,26 @@ class ClientClaims:
         """Extend every live claim once; how many were found taken by someone else."""
         lost = 0
         items = list(self._owned.items())
+        if isinstance(self._redis, RedisCluster):
+            return sum(await self._per_slot(self._redis, items, _REFRESH, (self._ttl_ms,)))
         for start in range(0, len(items), REFRESH_BATCH):
             batch = items[start:start + REFRESH_BATCH]
             lost += int(await self._redis.eval(
                 _REFRESH, len(batch), *(k for k, _ in batch), self._ttl_ms, *(o for _, o in batch)))
         return lost
+
+    @staticmethod
+    async def _per_slot(cluster: RedisCluster, items: list[tuple[str, str]], script: str,
+                        first: tuple[int, ...]) -> list[int]:
+        """``script`` once per slot over that slot's ``(key, owner)`` items (``ARGV``: ``first``
+        then the owners), in one cluster pipeline; each script's reply. Raises the first error."""
+        if not items:
+            return []
+        pipe = cluster.pipeline()
+        for batch in _by_slot(items):
+            pipe.execute_command("EVAL", script, len(batch), *(k for k, _ in batch), *first,
+                                 *(o for _, o in batch))
+        return [int(reply) for reply in await pipe.execute()]
 
     async def run(self) -> None:
         """Refresh every :data:`REFRESH_EVERY_S` until cancelled. Redis being away is waited out."""
@@ -193,3 +222,13 @@ class ClientClaims:
                 continue
             if lost:
                 log.warning("%d client id claims expired while redis was unreachable and were taken", lost)
+
+
+def _by_slot(items: list[tuple[str, str]]) -> Iterator[list[tuple[str, str]]]:
+    """``items`` in batches of one slot each, at most :data:`REFRESH_BATCH` long."""
+    slots: dict[int, list[tuple[str, str]]] = {}
+    for item in items:
+        slots.setdefault(key_slot(item[0].encode()), []).append(item)
+    for batch in slots.values():
+        for start in range(0, len(batch), REFRESH_BATCH):
+            yield batch[start:start + REFRESH_BATCH]

@@ -18,13 +18,16 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from redis.asyncio import Redis
 
 from voxroom import keys, line_lexicon
 from voxroom.autopipe import AutoPipeline
 from voxroom.settings import Settings
+
+if TYPE_CHECKING:
+    from app.handoff import HandOff
 
 STALE_ROOMS_PER_SAY = 64
 """``vx:rooms`` entries past the idle TTL removed by one ``say`` at most: the script's cost stays
@@ -34,7 +37,7 @@ bounded, and since one ``say`` adds at most one room, stale entries go faster th
 # ARGV: 1 sender, 2 client seq, 3 text, 4 voice, 5 now ms, 6 utt maxlen, 7 jobs maxlen, 8 room,
 #       9 max pending, 10 idle ttl s, 11 stale cutoff ms, 12 stale entries per call, 13 switch lines,
 #       14 the line's own lexicon as JSON ('' for none).
-_SAY = """
+_SAY_BODY = """
 local last = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
 if tonumber(ARGV[2]) <= last then return {0, last} end
 local nxt = tonumber(redis.call('HGET', KEYS[5], 'next') or '1')
@@ -79,6 +82,10 @@ if ARGV[14] ~= '' then
   extra[#extra + 1] = 'lexicon'
   extra[#extra + 1] = ARGV[14]
 end
+"""
+"""Numbering, dedupe, back-pressure and the voice switch: shared with the cluster's ``say``
+(app/handoff.py), which differs only in what it writes after."""
+_SAY = _SAY_BODY + """\
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[6], '*', 'seq', seq, 'text', ARGV[3], 'voice', ARGV[4],
            'sender', ARGV[1], 'client_seq', ARGV[2], 'time', ARGV[5])
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[7], '*', 'room', ARGV[8], 'seq', seq, 'text', ARGV[3],
@@ -134,11 +141,14 @@ class SayOutcome:
 class Ingress:
     def __init__(self, redis: Redis, *, utterance_maxlen: int = 1000, jobs_maxlen: int = 100_000,
                  max_pending_per_room: int = 16, room_idle_ttl_s: int | None = None,
-                 switch_lines: int | None = None) -> None:
+                 switch_lines: int | None = None, handoff: HandOff | None = None) -> None:
         """``room_idle_ttl_s``: a room's keys expire this long after its last accepted line
         (``None``: the :class:`Settings` default, 3600). ``switch_lines``: lines a voice switch
         is spread over (``None``: the :class:`Settings` default of ``chattts_switch_lines``; 1: the
-        switch happens within the line that makes it). Raises ``ValueError`` below 1."""
+        switch happens within the line that makes it). Raises ``ValueError`` below 1.
+        ``handoff``: Redis Cluster only (app/handoff.py): accept in the room's slot, then hand the
+        line to its job shard; ``None`` (one Redis instance): the one script below."""
+        self.handoff = handoff
         # Lines that many rooms send in the same loop turn share one round trip (voxroom/autopipe.py).
         # EVAL, not EVALSHA: Redis caches the compiled script by digest, and a Redis restarted
         # empty needs no NOSCRIPT retry.
@@ -162,6 +172,11 @@ class Ingress:
         (``voxroom.line_lexicon.parse``); ``None`` or empty: none."""
         now_ms = int(time.time() * 1000)
         stale_before_ms = now_ms - self.room_idle_ttl_s * 1000
+        if self.handoff is not None:
+            return await self.handoff.say_and_hand(room, [
+                sender, client_seq, text, voice, now_ms, self.utterance_maxlen, self.jobs_maxlen, room,
+                self.max_pending, self.room_idle_ttl_s, stale_before_ms, STALE_ROOMS_PER_SAY, self.switch_lines,
+                line_lexicon.encode(lexicon or {})])
         status, value = await self._auto.call(
             "EVAL", _SAY, 7, keys.room_senders(room), keys.room_seq(room), keys.room_utterances(room), keys.JOBS,
             keys.room_state(room), keys.ROOMS, keys.room_output(room),

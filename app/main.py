@@ -25,16 +25,19 @@ from starlette.staticfiles import StaticFiles
 from app import speech_api, voices_api
 from app.cors import Cors
 from app.directory import WorkerDirectory
+from app.handoff import HandOff
 from app.hub import RoomHub
 from app.identity import ClientClaims
 from app.ingress import Ingress
 from app.metrics import metrics_endpoint
 from app.reaper import reap_stalled
 from app.state import GatewayState
+from app.sweeper import Sweeper
 from app.transport import TransportTap
 from app.ws import room_endpoint
 from voxroom import keys, redis_client, tokens
 from voxroom.backoff import REDIS_DOWN
+from voxroom.cluster_calls import ClusterCalls, cluster_from_url
 from voxroom.errors import ConfigError
 from voxroom.gc_tuning import freeze_startup_objects
 from voxroom.protocol import CloseCode
@@ -101,6 +104,12 @@ def create_app(settings: Settings, *, catalog: Catalog | None = None) -> Starlet
         directory = WorkerDirectory(text_redis)
         supervisor = Supervisor("gateway")
         claims = ClientClaims(text_redis, gateway_id)
+        # Redis Cluster (chosen once, at start): lines are accepted in their room's slot and handed
+        # to a job shard (app/handoff.py); one instance keeps its one script.
+        cluster = (ClusterCalls(cluster_from_url(url))
+                   if await asyncio.to_thread(redis_client.cluster_enabled, url) else None)
+        handoff = (HandOff(cluster, shards=settings.job_shards, jobs_maxlen=settings.jobs_maxlen)
+                   if cluster is not None else None)
         state = GatewayState(
             settings=settings, catalog=catalog, redis=text_redis, gateway_id=gateway_id,
             hub=RoomHub(bytes_redis, gateway_id, supervisor=supervisor), supervisor=supervisor,
@@ -108,7 +117,7 @@ def create_app(settings: Settings, *, catalog: Catalog | None = None) -> Starlet
                             jobs_maxlen=settings.jobs_maxlen,
                             max_pending_per_room=settings.max_pending_per_room,
                             room_idle_ttl_s=settings.room_idle_ttl_s,
-                            switch_lines=settings.chattts_switch_lines),
+                            switch_lines=settings.chattts_switch_lines, handoff=handoff),
             directory=directory, claims=claims)
         state.streams = StreamWatcher(bytes_redis, state.hub.control, keys.gateway_wake(gateway_id, "api"))
         app.state.voxroom = state
@@ -119,6 +128,9 @@ def create_app(settings: Settings, *, catalog: Catalog | None = None) -> Starlet
         supervisor.spawn("gateway:reaper", lambda: reap_stalled(state))
         supervisor.spawn("gateway:client-claims", claims.run)
         supervisor.spawn("gateway:streams", state.streams.run)
+        if handoff is not None:
+            sweeper = Sweeper(handoff, gateway_id, room_idle_ttl_s=settings.room_idle_ttl_s)
+            supervisor.spawn("gateway:sweeper", sweeper.run)
         freeze_startup_objects()
         log.info("gateway %s up (redis %s)", gateway_id, url)
         try:
@@ -138,6 +150,8 @@ def create_app(settings: Settings, *, catalog: Catalog | None = None) -> Starlet
             await claims.release_all()  # its clients reconnect elsewhere now, with the same ids
             await directory.aclose()
             await state.ingress.aclose()
+            if cluster is not None:
+                await cluster.aclose()
             await text_redis.aclose()
             await bytes_redis.aclose()
             log.info("gateway %s stopped", gateway_id)

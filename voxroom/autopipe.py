@@ -38,7 +38,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import hiredis
 from redis._parsers.base import BaseParser
@@ -82,6 +82,17 @@ def redis_error(reply: ResponseError) -> ResponseError:
     return mapped
 
 
+class Commands(Protocol):
+    """What callers of an autopipeline use: :class:`AutoPipeline` on one Redis, or
+    ``voxroom.cluster_autopipe.ClusterAutoPipeline`` (one of those per node) on a cluster."""
+
+    async def call(self, *command: Any) -> Any: ...
+
+    async def group(self, commands: Sequence[Command]) -> list[Any]: ...
+
+    async def aclose(self) -> None: ...
+
+
 class AutoPipeline:
     def __init__(self, redis: Redis, *, max_batch: int = 512, max_inflight: int = 10_000,
                  timeout_s: float = 5.0) -> None:
@@ -107,6 +118,16 @@ class AutoPipeline:
     async def group(self, commands: Sequence[Command]) -> list[Any]:
         """Several commands, sent together and in order; their replies. The first error reply is
         raised (after every command of the group ran, as with a redis-py pipeline)."""
+        replies = await self.replies(commands)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise redis_error(reply) if isinstance(reply, ResponseError) else reply
+        return replies
+
+    async def replies(self, commands: Sequence[Command]) -> list[Any]:
+        """As :meth:`group`, with error replies returned in place instead of raised (the cluster
+        pipeline, ``voxroom/cluster_autopipe.py``, follows ``MOVED`` and ``ASK`` replies). A
+        lost connection still raises."""
         if self._wire is not None and self._wire.inflight >= self.max_inflight:
             await self._wire.drained()
         loop = asyncio.get_running_loop()
@@ -115,11 +136,7 @@ class AutoPipeline:
         if not self._scheduled:
             self._scheduled = True
             loop.call_soon(self._flush)
-        replies = await future
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise redis_error(reply) if isinstance(reply, ResponseError) else reply
-        return replies
+        return await future
 
     def _flush(self) -> None:
         self._scheduled = False

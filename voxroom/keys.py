@@ -149,3 +149,43 @@ def room_client_claim(room: str, client: str) -> str:
     it, deleted when its connection ends: a self-chosen client id in use in the room
     (app/identity.py)."""
     return f"{PREFIX}:room:{{{room}}}:client:{client}"
+
+
+# -- Redis Cluster: job shards and room index shards (docs/cluster.md, "Jobs without a cross-slot
+# write"). Used only when the gateway and the worker run on a cluster; a single instance keeps
+# ``vx:jobs`` and ``vx:rooms``.
+
+def job_shard(shard: int) -> str:
+    """stream: one of the job shards (``vx:jobs:{j3}``), consumer group ``workers``; replaces
+    ``vx:jobs`` on a cluster. A room's lines all go to one shard (its ``shard`` in ``:state``)."""
+    return f"{PREFIX}:jobs:{{j{shard}}}"
+
+
+def job_shard_handed(shard: int) -> str:
+    """hash: room -> ``epoch:seq``, the highest line of the room added to the shard (the hand-off's
+    high-water mark, in the shard's slot)."""
+    return f"{PREFIX}:jobs:{{j{shard}}}:handed"
+
+
+def job_shard_handed_at(shard: int) -> str:
+    """zset: room -> time (ms) of its last hand-off to the shard; the sweeper drops the
+    high-water marks of rooms idle past the room TTL."""
+    return f"{PREFIX}:jobs:{{j{shard}}}:handed_at"
+
+
+def rooms_shard(shard: int) -> str:
+    """zset: room -> last activity (ms), the rooms of one index shard (``vx:rooms:{r3}``): what
+    ``vx:rooms`` is on a cluster, and where the sweeper finds rooms to look at."""
+    return f"{PREFIX}:rooms:{{r{shard}}}"
+
+
+def room_sweep_lease(room: str) -> str:
+    """string (gateway id), short TTL: the gateway sweeping the room's hand-offs now."""
+    return f"{PREFIX}:room:{{{room}}}:sweep"
+
+
+def shard_of(room: str, shards: int) -> int:
+    """The shard of ``room`` among ``shards``: CRC16 (XMODEM, Redis Cluster's) of its id."""
+    import binascii
+
+    return binascii.crc_hqx(room.encode(), 0) % shards

@@ -9,7 +9,8 @@ no new Task); reads keep redis-py's own timeout. From Python 3.12 ``wait_for`` i
 
 Also here: whether ``REDIS_URL`` names a node of a Redis Cluster (:func:`cluster_enabled`), which
 the gateway and the worker refuse for now and ``voxroom rooms`` reads with redis-py's
-``RedisCluster`` (docs/cluster.md).
+``RedisCluster`` (docs/cluster.md), and the cluster client the cluster-mode components take
+(:func:`cluster_from_url`): a process decides once, at start, which of the two it builds.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from urllib.parse import urlsplit
 
 import redis
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -81,6 +83,15 @@ def from_url(url: str, *, max_connections: int = POOL_MAX_CONNECTIONS, pool_wait
 
 
 CLUSTER_DOC = "docs/cluster.md"
+
+async def cluster_from_url(url: str, **options: Any) -> RedisCluster:
+    """redis-py's ``RedisCluster`` for the cluster ``url`` names one node of, its slot map read
+    (``CLUSTER SLOTS``) before it is returned. Same URL schemes and options as :func:`from_url`;
+    the blocked reads (``voxroom/cluster_reads.py``) set their own reply timeout. RESP2, as the
+    single-instance clients and the autopipeline speak: raw replies keep one shape."""
+    client = RedisCluster.from_url(url, **{"protocol": 2, **options})
+    await client.initialize()
+    return client
 
 
 def cluster_enabled(url: str, *, timeout_s: float = 5.0) -> bool | None:

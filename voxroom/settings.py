@@ -181,6 +181,10 @@ class Settings:
     lexicon: str | None = None
     """A pronunciation lexicon file (workers/engines/lexicon.py, docs/voices.md): words and phrases
     -> respellings, applied by every engine before synthesis. Refused at start if malformed."""
+    job_shards: int = 12
+    """Redis Cluster only: job shards ``vx:jobs:{j0}``... and room index shards ``vx:rooms:{r0}``...
+    (docs/cluster.md). Every gateway and worker of a deployment must use the same number; a room
+    keeps the shard it got at its first line."""
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def with_(self, **changes: Any) -> Settings:

@@ -16,6 +16,11 @@ again with the new room at once (the gateway's hub does the same for its rooms).
 
 Redis unavailable: the loop backs off, and wakes every waiter, which checks the turn itself (a
 waiter never sleeps past its own timeout either way).
+
+On a Redis Cluster (``raw`` a ``RedisCluster``) rooms lie in different slots and one ``XREAD``
+cannot span slots (``CROSSSLOT``): each waiter holds a blocked ``XREAD`` of its room's stream on
+its node instead (``voxroom/cluster_reads.py``: ``MOVED``, ``ASK`` and failovers followed), and
+:meth:`StreamWatcher.run` has nothing to do.
 """
 
 from __future__ import annotations
@@ -25,10 +30,12 @@ import logging
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
 from voxroom import keys
-from voxroom.autopipe import AutoPipeline
+from voxroom.autopipe import AutoPipeline, Commands
 from voxroom.backoff import REDIS_DOWN, Backoff
+from voxroom.cluster_reads import ClusterReads
 
 log = logging.getLogger("voxroom.watcher")
 
@@ -55,8 +62,9 @@ class StreamWatcher:
     """``raw`` must not decode responses (output entries carry audio); ``commands`` is the
     pipeline that sends the wake ``XADD`` (never the blocked connection itself)."""
 
-    def __init__(self, raw: Redis, commands: AutoPipeline, wake_key: str) -> None:
-        self._read = AutoPipeline(raw, timeout_s=BLOCK_MS / 1000 + 25)
+    def __init__(self, raw: Redis | RedisCluster, commands: Commands, wake_key: str) -> None:
+        self._cluster = ClusterReads(raw) if isinstance(raw, RedisCluster) else None
+        self._read = AutoPipeline(raw, timeout_s=BLOCK_MS / 1000 + 25) if isinstance(raw, Redis) else None
         self._commands = commands
         self.wake_key = wake_key
         self._waiters: dict[str, list[_Waiter]] = {}
@@ -68,6 +76,8 @@ class StreamWatcher:
     async def wait(self, room: str, after_id: str, timeout_s: float) -> str:
         """Return once the room's output stream has an entry after ``after_id`` (its id), or
         ``after_id`` after ``timeout_s``."""
+        if self._cluster is not None:
+            return await self._wait_cluster(self._cluster, room, after_id, timeout_s)
         waiter = _Waiter(after_id)
         self._waiters.setdefault(room, []).append(waiter)
         try:
@@ -87,6 +97,24 @@ class StreamWatcher:
                 if not waiters:
                     del self._waiters[room]
 
+    async def _wait_cluster(self, reads: ClusterReads, room: str, after_id: str, timeout_s: float) -> str:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while (left := deadline - loop.time()) > 0:
+            try:
+                self.reads += 1
+                resp: Any = await reads.xread(keys.room_output(room), after_id, count=1,
+                                              block_ms=max(1, int(min(left, BLOCK_MS / 1000) * 1000)))
+            except REDIS_DOWN as exc:
+                # As the loop below: the waiter checks the turn itself, never past its timeout.
+                log.debug("stream watcher: redis unavailable (%s)", exc)
+                await asyncio.sleep(min(Backoff().delay, max(0.0, deadline - loop.time())))
+                return after_id
+            for _name, entries in resp or []:
+                if entries:
+                    return bytes(entries[-1][0]).decode()
+        return after_id
+
     async def _wake(self) -> None:
         try:
             await self._commands.group([("XADD", self.wake_key, "MAXLEN", "~", 16, "*", "w", 1),
@@ -97,6 +125,9 @@ class StreamWatcher:
 
     async def run(self) -> None:
         """The loop (its process runs it under its supervisor)."""
+        if self._read is None:  # on a cluster each waiter reads for itself
+            await asyncio.Event().wait()
+            return
         backoff = Backoff()
         while True:
             rooms = {room: min((w.after for w in waiters), key=_id) for room, waiters in self._waiters.items()}
@@ -104,7 +135,7 @@ class StreamWatcher:
             self._reading = {room: _id(after) for room, after in rooms.items()}
             try:
                 self.reads += 1
-                resp: Any = await self._read.call("XREAD", "COUNT", 1, "BLOCK", BLOCK_MS, "STREAMS", *streams,
+                resp = await self._read.call("XREAD", "COUNT", 1, "BLOCK", BLOCK_MS, "STREAMS", *streams,
                                                   self.wake_key, *rooms.values(), self._wake_last)
                 backoff.reset()
             except REDIS_DOWN as exc:
@@ -132,4 +163,5 @@ class StreamWatcher:
                 waiter.event.set()
 
     async def aclose(self) -> None:
-        await self._read.aclose()
+        if self._read is not None:
+            await self._read.aclose()

@@ -16,12 +16,16 @@ with the check. The caller then drops the job silently (:class:`OwnershipLost`).
 ``EXPIRE room_idle_ttl_s`` on the room's output stream and state hash, and trim the output stream
 by time (``XADD ... MINID ~`` the resume window) instead of by a count: a room nobody speaks in for
 an hour leaves nothing behind.
+**On Redis Cluster** (``cluster`` given) the job methods go to :class:`workers.shards.ShardedJobs`:
+job shards, and the ownership fence moved into the room's slot (an owner field in ``:state``),
+the ack after it on the shard.
 Private API rooms (``_api-*``) get a TTL only when they have none: their gateway deletes them, or
 sets a short TTL when the caller left, and a worker must not lengthen it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any, NamedTuple
@@ -31,9 +35,11 @@ from redis.exceptions import ResponseError
 
 from voxroom import keys
 from voxroom.autopipe import AutoPipeline
+from voxroom.cluster_calls import ClusterCalls
 from voxroom.redis_client import POOL_MAX_CONNECTIONS, POOL_WAIT_S
 from voxroom.stream_watcher import StreamWatcher
 from workers.job import Job
+from workers.shards import ShardedJobs
 
 log = logging.getLogger("voxroom.worker.bus")
 
@@ -155,8 +161,15 @@ return lost
 
 class WorkerBus:
     def __init__(self, redis: Redis, consumer: str, *, resume_window_ms: int = 120_000,
-                 room_idle_ttl_s: int = 3600) -> None:
+                 room_idle_ttl_s: int = 3600, cluster: ClusterCalls | None = None,
+                 raw_cluster: ClusterCalls | None = None, job_shards: int = 12) -> None:
+        """``cluster`` / ``raw_cluster`` (text / bytes replies): Redis Cluster clients, owned by
+        the bus from then on (closed by :meth:`close`); ``job_shards``: the deployment's."""
         self.redis = redis
+        self.cluster = cluster
+        self.raw_cluster = raw_cluster
+        self.jobs = (ShardedJobs(cluster, consumer, shards=job_shards, room_idle_ttl_s=room_idle_ttl_s)
+                     if cluster is not None else None)
         # Output entries carry binary audio: the blocked read that watches a room's output stream
         # must not decode it. Same server and options, raw bytes.
         # A blocking pool, as voxroom/redis_client.py's: utterances waiting for their turn each
@@ -180,6 +193,9 @@ class WorkerBus:
         entry leaves on the job's finish or lost ownership; the bound below covers any other end."""
 
     async def ensure_group(self) -> None:
+        if self.jobs is not None:
+            await self.jobs.ensure_groups()
+            return
         try:
             await self.redis.xgroup_create(keys.JOBS, keys.JOBS_GROUP, id="0", mkstream=True)
         except ResponseError as exc:
@@ -188,6 +204,8 @@ class WorkerBus:
 
     async def read_jobs(self, count: int, block_ms: int) -> list[Job]:
         """New jobs for this consumer, at most ``count``; waits up to ``block_ms`` for the first."""
+        if self.jobs is not None:
+            return await self.jobs.read_jobs(count, block_ms)
         resp: Any = await self._reads.call("XREADGROUP", "GROUP", keys.JOBS_GROUP, self.consumer, "COUNT", count,
                                            "BLOCK", block_ms, "STREAMS", keys.JOBS, ">")
         entries = resp[0][1] if resp else []
@@ -197,6 +215,8 @@ class WorkerBus:
 
     async def claim_stale(self, min_idle_ms: int, count: int) -> list[Job]:
         """Jobs left pending by a consumer that went quiet (a dead worker), now ours."""
+        if self.jobs is not None:
+            return await self.jobs.claim_stale(min_idle_ms, count)
         resp: Any = await self.auto.call("XAUTOCLAIM", keys.JOBS, keys.JOBS_GROUP, self.consumer, min_idle_ms,
                                          "0-0", "COUNT", count)
         # Redis 6.2 answers [cursor, entries]; 7.x adds the ids of deleted entries.
@@ -208,6 +228,8 @@ class WorkerBus:
         """Reset the idle time of jobs we are still working on, so nobody claims them from us.
         Returns the ids that are no longer ours (another worker claimed them, or they are gone):
         the caller drops those jobs."""
+        if self.jobs is not None:
+            return await self.jobs.touch(entry_ids)
         if not entry_ids:
             return []
         lost: Any = await self.auto.call("EVAL", _TOUCH, 1, keys.JOBS, keys.JOBS_GROUP, self.consumer, *entry_ids)
@@ -215,6 +237,8 @@ class WorkerBus:
 
     async def ack(self, job: Job) -> bool:
         """Ack ``job`` if it is still ours (``False``: another worker owns it; nothing done)."""
+        if self.jobs is not None:
+            return await self.jobs.ack(job)
         return bool(await self.auto.call("EVAL", _ACK, 1, keys.JOBS, keys.JOBS_GROUP, job.entry_id,
                                          self.consumer))
 
@@ -239,12 +263,20 @@ class WorkerBus:
 
     async def room_turn(self, room: str) -> Turn:
         """Where the room's playback stands, and whether any client wants Opus (one round trip)."""
+        if self.cluster is not None:
+            (nxt, end_ms, started), opus = await asyncio.gather(
+                self.cluster.call("HMGET", keys.room_state(room), "next", "end_ms", "started"),
+                self.cluster.call("EXISTS", keys.room_opus_demand(room)))
+            return Turn(int(nxt or 1), float(end_ms or 0.0), int(started or 0), bool(opus))
         (nxt, end_ms, started), opus = await self.auto.group([
             ("HMGET", keys.room_state(room), "next", "end_ms", "started"),
             ("EXISTS", keys.room_opus_demand(room))])
         return Turn(int(nxt or 1), float(end_ms or 0.0), int(started or 0), bool(opus))
 
     async def output_tail(self, room: str) -> str:
+        if self.raw_cluster is not None:
+            tail: Any = await self.raw_cluster.call("XREVRANGE", keys.room_output(room), "+", "-", "COUNT", 1)
+            return bytes(tail[0][0]).decode() if tail else "0-0"
         last: Any = await self.raw.xrevrange(keys.room_output(room), count=1)  # entries may hold audio
         return bytes(last[0][0]).decode() if last else "0-0"
 
@@ -253,12 +285,22 @@ class WorkerBus:
         Through the worker's one turn watcher when it has one (``voxroom/stream_watcher.py``)."""
         if self.watcher is not None:
             return await self.watcher.wait(room, after_id, max(1, block_ms) / 1000.0)
+        if self.raw_cluster is not None:
+            stream = keys.room_output(room)
+            got: Any = await self.raw_cluster.call_at(stream, "XREAD", "COUNT", 64, "BLOCK", max(1, block_ms),
+                                                      "STREAMS", stream, after_id)
+            return _last_read_id(got, after_id)
         resp: Any = await self.raw.xread({keys.room_output(room): after_id}, block=max(1, block_ms), count=64)
         if resp:
             return bytes(resp[0][1][-1][0]).decode()
         return after_id
 
     async def close(self) -> None:
+        if self.jobs is not None:
+            await self.jobs.aclose()
+        for cluster in (self.cluster, self.raw_cluster):
+            if cluster is not None:
+                await cluster.aclose()
         await self.auto.aclose()
         await self._reads.aclose()
         await self.raw.aclose()
@@ -268,6 +310,10 @@ class WorkerBus:
     async def skip_to(self, job: Job) -> None:
         """Let ``job`` play even though an earlier utterance never finished (it waited too long).
         Raises :class:`OwnershipLost` when ``job`` is no longer ours."""
+        if self.jobs is not None:
+            if not await self.jobs.skip_to(job):
+                raise OwnershipLost(job.entry_id)
+            return
         done = await self.auto.call("EVAL", _SKIP, 2, keys.JOBS, keys.room_state(job.room), keys.JOBS_GROUP,
                                     job.entry_id, self.consumer, job.seq)
         if not done:
@@ -283,6 +329,11 @@ class WorkerBus:
     async def publish(self, job: Job, entries: list[dict[Any, Any]], *, started: int | None = None) -> None:
         """Append output entries for ``job``; ``started``: also record that this seq's start went
         out. One script: nothing is written unless ``job`` is still ours (:class:`OwnershipLost`)."""
+        if self.jobs is not None:
+            if not await self.jobs.publish(job, self.resume_window_ms, started, self._due(job), entries):
+                self._maintained.pop(job.entry_id, None)
+                raise OwnershipLost(job.entry_id)
+            return
         args: list[Any] = ["EVAL", _PUBLISH, 3, keys.JOBS, keys.room_output(job.room), keys.room_state(job.room),
                            keys.JOBS_GROUP, job.entry_id, self.consumer, *self._room_args(job),
                            "" if started is None else started, "1" if self._due(job) else "0"]
@@ -312,6 +363,10 @@ class WorkerBus:
         only while ``job`` is ours (:class:`OwnershipLost` otherwise). ``next`` and ``end_ms``
         only move forward: a late utterance that was skipped past must not rewind the room."""
         self._maintained.pop(job.entry_id, None)  # the end always trims and refreshes
+        if self.jobs is not None:
+            if not await self.jobs.finish(job, self.resume_window_ms, end_ms, end_fields):
+                raise OwnershipLost(job.entry_id)
+            return
         flat: list[Any] = []
         for name, value in end_fields.items():
             flat += [name, value]
@@ -331,9 +386,30 @@ class WorkerBus:
         flat: list[Any] = []
         for name, value in fields.items():
             flat += [name, value]
+        if self.cluster is not None:  # two slots: the hash's and the registry's
+            await self.cluster.call("HSET", key, *flat)
+            await self.cluster.call("EXPIRE", key, ttl_s)
+            await self.cluster.call("ZADD", keys.WORKERS, now_ms, worker_id)
+            await self.cluster.call("ZREMRANGEBYSCORE", keys.WORKERS, "-inf", f"({now_ms - ttl_s * 1000}")
+            return
         await self.auto.group([("HSET", key, *flat), ("EXPIRE", key, ttl_s),
                                ("ZADD", keys.WORKERS, now_ms, worker_id),
                                ("ZREMRANGEBYSCORE", keys.WORKERS, "-inf", f"({now_ms - ttl_s * 1000}")])
 
     async def drop_heartbeat(self, worker_id: str) -> None:
+        if self.cluster is not None:
+            await self.cluster.call("DEL", keys.worker_heartbeat(worker_id))
+            await self.cluster.call("ZREM", keys.WORKERS, worker_id)
+            return
         await self.auto.group([("DEL", keys.worker_heartbeat(worker_id)), ("ZREM", keys.WORKERS, worker_id)])
+
+
+def _last_read_id(resp: Any, after_id: str) -> str:
+    """The id of the last entry an ``XREAD`` of one stream gave (``after_id`` when none)."""
+    if not resp:
+        return after_id
+    entries = next(iter(resp.values())) if isinstance(resp, dict) else resp[0][1]
+    if not entries:
+        return after_id
+    last = entries[-1][0]
+    return last.decode() if isinstance(last, bytes) else str(last)

@@ -92,7 +92,10 @@ def engine_options(name: str, settings: Settings, catalog: Catalog | None = None
     return {}
 
 
-def build_worker(settings: Settings, redis: Redis, *, catalog: Catalog | None = None) -> Worker:
+def build_worker(settings: Settings, redis: Redis, *, catalog: Catalog | None = None,
+                 cluster_url: str | None = None) -> Worker:
+    """``cluster_url``: ``REDIS_URL`` when it names a Redis Cluster node (the caller asked
+    ``INFO cluster`` once): jobs come from the shards (docs/cluster.md)."""
     from workers.engines import registry
 
     catalog = catalog or Catalog.for_settings(settings.voices_path, settings.default_voice)
@@ -115,9 +118,20 @@ def build_worker(settings: Settings, redis: Redis, *, catalog: Catalog | None = 
                     opus_bitrate=settings.opus_bitrate, cache_slots=settings.cache_slots,
                     cache_entry_max_bytes=settings.cache_entry_max_bytes, cache_ttl_s=settings.cache_ttl_s,
                     cache_lru_entries=settings.cache_lru_entries,
-                    metrics_port=settings.worker_metrics_port, metrics_host=settings.worker_metrics_host)
+                    metrics_port=settings.worker_metrics_port, metrics_host=settings.worker_metrics_host,
+                    **_cluster_options(settings, cluster_url))
     if settings.engine == "auto":
         # auto chose ChatTTS because weights were found; if they do not load, the offline voices
         # still serve (one error line says why) rather than no voice at all.
         worker.optional_engines = frozenset({"chattts"})
     return worker
+
+
+def _cluster_options(settings: Settings, cluster_url: str | None) -> dict[str, Any]:
+    if cluster_url is None:
+        return {}
+    from voxroom.cluster_calls import ClusterCalls, cluster_from_url
+
+    return {"cluster": ClusterCalls(cluster_from_url(cluster_url)),
+            "raw_cluster": ClusterCalls(cluster_from_url(cluster_url, decode_responses=False)),
+            "job_shards": settings.job_shards}

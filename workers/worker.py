@@ -45,6 +45,7 @@ from redis.exceptions import ResponseError
 from voxroom import keys
 from voxroom.backoff import REDIS_DOWN, Backoff
 from voxroom.clock import RoomClock
+from voxroom.cluster_calls import ClusterCalls
 from voxroom.gc_tuning import freeze_startup_objects
 from voxroom.metrics import context_fields
 from voxroom.stream_watcher import StreamWatcher
@@ -72,10 +73,15 @@ class Worker:
                  resume_window_ms: int = 120_000, room_idle_ttl_s: int = 3600,
                  shutdown_timeout_s: float = 10.0, clock: RoomClock | None = None, opus_bitrate: int = 0,
                  cache_slots: int = 0, cache_entry_max_bytes: int = 480_000, cache_ttl_s: int = 86_400,
-                 cache_lru_entries: int = 64, metrics_port: int = 0, metrics_host: str = "127.0.0.1") -> None:
+                 cache_lru_entries: int = 64, metrics_port: int = 0, metrics_host: str = "127.0.0.1",
+                 cluster: ClusterCalls | None = None, raw_cluster: ClusterCalls | None = None,
+                 job_shards: int = 12) -> None:
+        """``cluster``, ``raw_cluster``: on Redis Cluster, clients with text and bytes replies (the
+        bus owns them): jobs are read from ``job_shards`` shards (workers/shards.py)."""
         self.id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.redis = redis
-        self.bus = WorkerBus(redis, self.id, resume_window_ms=resume_window_ms, room_idle_ttl_s=room_idle_ttl_s)
+        self.bus = WorkerBus(redis, self.id, resume_window_ms=resume_window_ms, room_idle_ttl_s=room_idle_ttl_s,
+                             cluster=cluster, raw_cluster=raw_cluster, job_shards=job_shards)
         self.pool = pool
         self.catalog = catalog
         self.clock = clock or RoomClock()
@@ -147,7 +153,7 @@ class Worker:
             await self.supervisor.aclose()
             try:
                 await self.bus.drop_heartbeat(self.id)
-                await self.bus.auto.call("DEL", self.watcher.wake_key)
+                await (self.bus.cluster or self.bus.auto).call("DEL", self.watcher.wake_key)
             except REDIS_DOWN:
                 pass
             await self.watcher.aclose()
