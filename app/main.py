@@ -13,8 +13,10 @@ import logging
 import os
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
+from redis.asyncio.cluster import RedisCluster
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -37,7 +39,7 @@ from app.transport import TransportTap
 from app.ws import room_endpoint
 from voxroom import keys, redis_client, tokens
 from voxroom.backoff import REDIS_DOWN
-from voxroom.cluster_calls import ClusterCalls, cluster_from_url
+from voxroom.cluster_autopipe import ClusterAutoPipeline
 from voxroom.errors import ConfigError
 from voxroom.gc_tuning import freeze_startup_objects
 from voxroom.protocol import CloseCode
@@ -91,6 +93,22 @@ def check_auth_settings(settings: Settings) -> None:
         raise ConfigError(f"VOXROOM_JWT_SECRET must be at least {tokens.MIN_SECRET_BYTES} bytes")
 
 
+@dataclass(frozen=True, slots=True)
+class _ClusterClients:
+    text: RedisCluster
+    raw: RedisCluster
+    """Bytes replies: the hub's and the stream watcher's reads carry audio."""
+
+
+async def _cluster_clients(url: str) -> _ClusterClients | None:
+    """The cluster clients when ``url`` names a Redis Cluster node (``INFO cluster``), else
+    ``None``. A Redis that cannot be asked now counts as one instance, as it always did."""
+    if not await asyncio.to_thread(redis_client.cluster_enabled, url):
+        return None
+    return _ClusterClients(text=await redis_client.cluster_from_url(url, decode_responses=True),
+                           raw=await redis_client.cluster_from_url(url, decode_responses=False))
+
+
 def create_app(settings: Settings, *, catalog: Catalog | None = None) -> Starlette:
     check_auth_settings(settings)
     catalog = catalog or Catalog.for_settings(settings.voices_path, settings.default_voice)
@@ -103,23 +121,29 @@ def create_app(settings: Settings, *, catalog: Catalog | None = None) -> Starlet
         gateway_id = f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
         directory = WorkerDirectory(text_redis)
         supervisor = Supervisor("gateway")
-        claims = ClientClaims(text_redis, gateway_id)
-        # Redis Cluster (chosen once, at start): lines are accepted in their room's slot and handed
-        # to a job shard (app/handoff.py); one instance keeps its one script.
-        cluster = (ClusterCalls(cluster_from_url(url))
-                   if await asyncio.to_thread(redis_client.cluster_enabled, url) else None)
-        handoff = (HandOff(cluster, shards=settings.job_shards, jobs_maxlen=settings.jobs_maxlen)
-                   if cluster is not None else None)
+        # Redis Cluster (chosen once, at start; docs/cluster.md): the hub, the stream watcher and
+        # the claims run on cluster clients; lines are accepted in their room's slot and handed
+        # to a job shard (app/handoff.py). One instance keeps its clients and its one say script.
+        cluster = await _cluster_clients(url)
+        handoff: HandOff | None = None
+        if cluster is not None:
+            # One autopipeline per node (text replies) for the hand-off, the sweeper and the
+            # directory: the commands of one loop turn share a round trip per node.
+            routed = ClusterAutoPipeline(cluster.text)
+            handoff = HandOff(routed, shards=settings.job_shards, jobs_maxlen=settings.jobs_maxlen)
+            directory.auto = routed  # type: ignore[assignment]  # the registry lies in its own slot
+        claims = ClientClaims(cluster.text if cluster is not None else text_redis, gateway_id)
+        hub_redis = cluster.raw if cluster is not None else bytes_redis
         state = GatewayState(
             settings=settings, catalog=catalog, redis=text_redis, gateway_id=gateway_id,
-            hub=RoomHub(bytes_redis, gateway_id, supervisor=supervisor), supervisor=supervisor,
+            hub=RoomHub(hub_redis, gateway_id, supervisor=supervisor), supervisor=supervisor,
             ingress=Ingress(text_redis, utterance_maxlen=settings.utterance_stream_maxlen,
                             jobs_maxlen=settings.jobs_maxlen,
                             max_pending_per_room=settings.max_pending_per_room,
                             room_idle_ttl_s=settings.room_idle_ttl_s,
                             switch_lines=settings.chattts_switch_lines, handoff=handoff),
             directory=directory, claims=claims)
-        state.streams = StreamWatcher(bytes_redis, state.hub.control, keys.gateway_wake(gateway_id, "api"))
+        state.streams = StreamWatcher(hub_redis, state.hub.control, keys.gateway_wake(gateway_id, "api"))
         app.state.voxroom = state
         with contextlib.suppress(Exception):
             await directory.refresh()
@@ -145,13 +169,15 @@ def create_app(settings: Settings, *, catalog: Catalog | None = None) -> Starlet
             await state.hub.close()
             await supervisor.aclose()
             await state.streams.aclose()
-            with contextlib.suppress(*REDIS_DOWN):
-                await bytes_redis.delete(state.streams.wake_key)
+            if cluster is None:  # a cluster's watcher has no wake stream
+                with contextlib.suppress(*REDIS_DOWN):
+                    await bytes_redis.delete(state.streams.wake_key)
             await claims.release_all()  # its clients reconnect elsewhere now, with the same ids
             await directory.aclose()
             await state.ingress.aclose()
             if cluster is not None:
-                await cluster.aclose()
+                await cluster.text.aclose()
+                await cluster.raw.aclose()
             await text_redis.aclose()
             await bytes_redis.aclose()
             log.info("gateway %s stopped", gateway_id)

@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 
 import anyio
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -211,7 +212,7 @@ async def opened(request: Request, slots: StreamSlots, speech: Speech, *, marks:
         log.warning("speech: %d streams open, refusing another", slots.active)
         return api_error(503, "too many speech requests; retry later", "busy", headers={"Retry-After": "1"})
     room = f"{keys.PRIVATE_ROOM_PREFIX}{uuid.uuid4().hex}"
-    redis: Redis = state.hub.redis
+    redis: Redis | RedisCluster = state.hub.client  # a RedisCluster routes the room's few commands
     assert state.streams is not None, "the lifespan makes it"
     reader = SpeechRoom(redis, room, state.streams, state.ingress, speech.voice.id, speech.lines, keep_marks=marks)
     refused: Response | None = None

@@ -23,6 +23,7 @@ from typing import Any, Final, NamedTuple
 import numpy as np
 from prometheus_client import Gauge
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from app.ingress import Ingress
@@ -105,7 +106,7 @@ def split_input(text: str) -> list[str]:
     return lines
 
 
-async def cleanup(redis: Redis, room: str, *, finished: bool) -> None:
+async def cleanup(redis: Redis | RedisCluster, room: str, *, finished: bool) -> None:
     """Delete the room's keys (``finished``) or give them :data:`ABANDONED_TTL_S` (the worker may
     still write); either way drop it from ``vx:rooms``. Logs and swallows Redis failures."""
     names = [keys.room_output(room), keys.room_utterances(room), keys.room_seq(room), keys.room_state(room),
@@ -127,7 +128,7 @@ async def cleanup(redis: Redis, room: str, *, finished: bool) -> None:
 class SpeechRoom:
     """The private room's lines and its output stream as read so far."""
 
-    redis: Redis
+    redis: Redis | RedisCluster
     room: str
     watcher: StreamWatcher
     """The gateway's one blocked read: a response waits there, never on a connection of its own."""

@@ -2,12 +2,14 @@
 
 The job hand-off, the sweeper and the worker's job scripts are written against :class:`Calls`
 (``await calls.call(*command)``), which :class:`voxroom.autopipe.AutoPipeline` also is: on a single
-instance nothing changes. On a cluster they get a :class:`ClusterCalls`, redis-py's
-``RedisCluster`` underneath: it routes each command by its key's slot, follows ``MOVED`` and
-refreshes its slot map. The slot is computed here, from the command's first key (redis-py would
-parse some commands' keys with a ``COMMAND GETKEYS`` round trip, and under many concurrent first
-calls it sent some to the wrong node); a ``MOVED`` refreshes the slot map and the command is sent
-once more (a ``MOVED`` command did not run).
+instance nothing changes. On a cluster the gateway gives the hand-off and the sweeper its per-node
+autopipeline (``voxroom/cluster_autopipe.py``, the same ``call``); the worker's job scripts get a
+:class:`ClusterCalls`, redis-py's ``RedisCluster`` underneath: it routes each command by its
+key's slot, follows ``MOVED`` and refreshes its slot map. The slot is computed here, from the
+command's first key (redis-py would parse some commands' keys with a ``COMMAND GETKEYS`` round
+trip, and under many concurrent first calls it sent some to the wrong node); a ``MOVED``
+refreshes the slot map and the command is sent once more (a ``MOVED`` command did not run).
+The client: ``voxroom.redis_client.cluster_client``.
 """
 
 from __future__ import annotations
@@ -49,8 +51,3 @@ class ClusterCalls:
     async def aclose(self) -> None:
         await self.cluster.aclose()
 
-
-def cluster_from_url(url: str, *, decode_responses: bool = True, socket_timeout: float = 10.0) -> RedisCluster:
-    """A ``RedisCluster`` that discovers every node from the one ``url`` names.
-    ``socket_timeout`` must exceed the longest blocked read sent through it."""
-    return RedisCluster.from_url(url, decode_responses=decode_responses, socket_timeout=socket_timeout)

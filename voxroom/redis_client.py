@@ -7,10 +7,10 @@ accepts. Here the same timeout is enforced with ``asyncio.timeout`` (a timer on 
 no new Task); reads keep redis-py's own timeout. From Python 3.12 ``wait_for`` is built on
 ``asyncio.timeout`` itself and the connections are redis-py's, unchanged.
 
-Also here: whether ``REDIS_URL`` names a node of a Redis Cluster (:func:`cluster_enabled`), which
-the gateway and the worker refuse for now and ``voxroom rooms`` reads with redis-py's
-``RedisCluster`` (docs/cluster.md), and the cluster client the cluster-mode components take
-(:func:`cluster_from_url`): a process decides once, at start, which of the two it builds.
+Also here: whether ``REDIS_URL`` names a node of a Redis Cluster (:func:`cluster_enabled`), and
+the one cluster client every cluster-mode component takes (:func:`cluster_client`,
+:func:`cluster_from_url`; docs/cluster.md): a process decides once, at start, which of the two
+kinds it builds.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import sys
 from typing import Any
-from urllib.parse import urlsplit
 
 import redis
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -26,8 +25,6 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-
-from voxroom.errors import ConfigError
 
 
 class _TimedWrites:
@@ -82,14 +79,22 @@ def from_url(url: str, *, max_connections: int = POOL_MAX_CONNECTIONS, pool_wait
     return client
 
 
-CLUSTER_DOC = "docs/cluster.md"
+CLUSTER_SOCKET_TIMEOUT_S = 10.0
+"""Reply timeout of a cluster client's commands: longer than any blocked read sent through
+redis-py's own routing (the reads of ``voxroom/cluster_reads.py`` set their own)."""
+
+
+def cluster_client(url: str, **options: Any) -> RedisCluster:
+    """redis-py's ``RedisCluster`` for the cluster ``url`` names one node of; its slot map is read
+    (``CLUSTER SLOTS``) on first use. RESP2, as the single-instance clients and the autopipeline
+    speak: raw replies keep one shape. Same URL schemes and options as :func:`from_url`."""
+    return RedisCluster.from_url(url, **{"protocol": 2, "socket_timeout": CLUSTER_SOCKET_TIMEOUT_S, **options})
+
 
 async def cluster_from_url(url: str, **options: Any) -> RedisCluster:
-    """redis-py's ``RedisCluster`` for the cluster ``url`` names one node of, its slot map read
-    (``CLUSTER SLOTS``) before it is returned. Same URL schemes and options as :func:`from_url`;
-    the blocked reads (``voxroom/cluster_reads.py``) set their own reply timeout. RESP2, as the
-    single-instance clients and the autopipeline speak: raw replies keep one shape."""
-    client = RedisCluster.from_url(url, **{"protocol": 2, **options})
+    """:func:`cluster_client`, its slot map read before it is returned (a cluster that cannot be
+    reached raises here, at start)."""
+    client = cluster_client(url, **options)
     await client.initialize()
     return client
 
@@ -109,17 +114,3 @@ def cluster_enabled(url: str, *, timeout_s: float = 5.0) -> bool | None:
     except RedisError:
         return None
     return bool(int(info.get("cluster_enabled", 0)))
-
-
-def refuse_cluster(url: str, role: str) -> None:
-    """Raise :class:`ConfigError` (one line: the CLI prints it and exits 2) when ``url`` names a
-    Redis Cluster node. The gateway and the worker are single-node still: the ``say`` script
-    writes the room's log and ``vx:jobs`` (two slots) in one call, and their pipelines send keys
-    of many slots to one connection, so on a cluster they would fail on the first line with
-    ``CROSSSLOT`` or ``MOVED`` instead of at the start."""
-    if cluster_enabled(url):
-        where = urlsplit(url)
-        raise ConfigError(
-            f"{role}: REDIS_URL points at a Redis Cluster node ({where.hostname}:{where.port or 6379}); "
-            f"the {role} does not run on Redis Cluster yet (issue 17, see {CLUSTER_DOC}): "
-            "use a single Redis instance (a primary with replicas is fine)")

@@ -27,7 +27,11 @@ from voxroom.settings import Settings
 
 Client = Redis | RedisCluster
 """One Redis, or a Redis Cluster found from any one node (docs/cluster.md): every read below is
-one key per command, so redis-py's cluster client routes each to the node holding its slot."""
+one key per command, so redis-py's cluster client routes each to the node holding its slot. On a
+cluster ``vx:rooms`` is ``shards`` index shards (``vx:rooms:{r<k>}``, merged here) and ``vx:jobs``
+as many job shards (``vx:jobs:{j<k>}``); ``shards`` is ``VOXROOM_JOB_SHARDS``."""
+
+DEFAULT_SHARDS = Settings().job_shards
 
 PENDING_SCAN = 1000
 """How many pending jobs ``voxroom room`` looks through to find the room's (oldest first)."""
@@ -96,12 +100,22 @@ def _expires_s(pttls: Sequence[int]) -> float:
     return max(live) / 1000.0 if live else float("nan")
 
 
-def room_summaries(r: Client, room_ids: Sequence[str], now_ms: float | None = None) -> list[RoomSummary]:
+def _index(r: Client, room: str, shards: int) -> str:
+    """The listing index that holds ``room``: ``vx:rooms``, or its shard on a cluster."""
+    return keys.rooms_shard(keys.shard_of(room, shards)) if isinstance(r, RedisCluster) else keys.ROOMS
+
+
+def _job_streams(r: Client, shards: int) -> list[str]:
+    return [keys.job_shard(k) for k in range(shards)] if isinstance(r, RedisCluster) else [keys.JOBS]
+
+
+def room_summaries(r: Client, room_ids: Sequence[str], now_ms: float | None = None, *,
+                   shards: int = DEFAULT_SHARDS) -> list[RoomSummary]:
     now = time.time() * 1000.0 if now_ms is None else now_ms
     per_room = 5 + len(room_keys(""))  # five reads, then one PTTL per room key
     pipe = r.pipeline(transaction=False)
     for room in room_ids:
-        pipe.zscore(keys.ROOMS, room)
+        pipe.zscore(_index(r, room, shards), room)
         pipe.get(keys.room_seq(room))
         pipe.hgetall(keys.room_state(room))
         pipe.xlen(keys.room_utterances(room))
@@ -131,15 +145,23 @@ def _switch(state: dict[str, str]) -> str:
 
 
 def list_rooms(r: Client, limit: int = 50, *, idle_ttl_s: float | None = None,
-               now_ms: float | None = None) -> list[RoomSummary]:
+               now_ms: float | None = None, shards: int = DEFAULT_SHARDS) -> list[RoomSummary]:
     """The ``limit`` most recently active rooms, newest first. With ``idle_ttl_s``, entries older
     than that are left out (stale: their keys expired, a later ``say`` removes the entry); rooms
     with no key left and private ``_api-`` rooms are always left out."""
     now = time.time() * 1000.0 if now_ms is None else now_ms
     low: float | str = "-inf" if idle_ttl_s is None else now - idle_ttl_s * 1000.0
-    ids = [_s(x) for x in r.zrevrangebyscore(keys.ROOMS, "+inf", low, start=0, num=max(1, limit))]
+    if isinstance(r, RedisCluster):
+        found: list[tuple[float, str]] = []
+        for k in range(shards):  # each shard's newest ``limit``, merged: the newest ``limit`` of all
+            scored: Any = r.zrevrangebyscore(keys.rooms_shard(k), "+inf", low, start=0, num=max(1, limit),
+                                             withscores=True)
+            found += [(float(t), _s(x)) for x, t in scored]
+        ids = [room for _, room in sorted(found, reverse=True)[:max(1, limit)]]
+    else:
+        ids = [_s(x) for x in r.zrevrangebyscore(keys.ROOMS, "+inf", low, start=0, num=max(1, limit))]
     ids = [room for room in ids if not room.startswith(keys.PRIVATE_ROOM_PREFIX)]
-    return [s for s in room_summaries(r, ids, now) if not s.gone]
+    return [s for s in room_summaries(r, ids, now, shards=shards) if not s.gone]
 
 
 def recent_utterances(r: Client, room: str, count: int = 10) -> list[dict[str, str]]:
@@ -163,10 +185,23 @@ def output_tail(r: Client, room: str, count: int = 10) -> list[dict[str, str]]:
     return rows
 
 
-def pending_jobs(r: Client, room: str | None = None, scan: int = PENDING_SCAN) -> list[PendingJob]:
-    """Jobs read by a worker and not acked (``XPENDING``), optionally only ``room``'s."""
+def pending_jobs(r: Client, room: str | None = None, scan: int = PENDING_SCAN, *,
+                 shards: int = DEFAULT_SHARDS) -> list[PendingJob]:
+    """Jobs read by a worker and not acked (``XPENDING``), optionally only ``room``'s (on a
+    cluster: of the room's job shard only, or of every shard)."""
+    if isinstance(r, RedisCluster):
+        streams = [keys.job_shard(keys.shard_of(room, shards))] if room is not None else _job_streams(r, shards)
+    else:
+        streams = [keys.JOBS]
+    out = []
+    for stream in streams:
+        out += _pending(r, stream, room, scan)
+    return out
+
+
+def _pending(r: Client, stream: str, room: str | None, scan: int) -> list[PendingJob]:
     try:
-        pending: Any = r.xpending_range(keys.JOBS, keys.JOBS_GROUP, min="-", max="+", count=scan)
+        pending: Any = r.xpending_range(stream, keys.JOBS_GROUP, min="-", max="+", count=scan)
     except ResponseError as exc:  # NOGROUP before the first worker ever started
         if "NOGROUP" in str(exc) or "no such key" in str(exc):
             return []
@@ -174,7 +209,7 @@ def pending_jobs(r: Client, room: str | None = None, scan: int = PENDING_SCAN) -
     pipe = r.pipeline(transaction=False)
     for p in pending:
         entry_id = _s(p["message_id"])
-        pipe.xrange(keys.JOBS, min=entry_id, max=entry_id)
+        pipe.xrange(stream, min=entry_id, max=entry_id)
     entries: list[Any] = pipe.execute() if pending else []
     out = []
     for p, found in zip(pending, entries, strict=True):
@@ -187,14 +222,21 @@ def pending_jobs(r: Client, room: str | None = None, scan: int = PENDING_SCAN) -
     return out
 
 
-def job_groups(r: Client) -> list[dict[str, str]]:
-    """``XINFO GROUPS vx:jobs``: per consumer group, pending and lag (lag is Redis 7 only)."""
-    try:
-        return [_fields(g) for g in r.xinfo_groups(keys.JOBS)]
-    except ResponseError as exc:
-        if "no such key" in str(exc):
-            return []
-        raise
+def job_groups(r: Client, *, shards: int = DEFAULT_SHARDS) -> list[dict[str, str]]:
+    """``XINFO GROUPS vx:jobs``: per consumer group, pending and lag (lag is Redis 7 only). On a
+    cluster one row per job shard that has a group, its ``name`` the shard's key."""
+    out = []
+    for stream in _job_streams(r, shards):
+        try:
+            groups = [_fields(g) for g in r.xinfo_groups(stream)]
+        except ResponseError as exc:
+            if "no such key" in str(exc):
+                continue
+            raise
+        if isinstance(r, RedisCluster):
+            groups = [dict(g, name=stream) for g in groups]
+        out += groups
+    return out
 
 
 def workers(r: Client) -> dict[str, dict[str, str]]:
@@ -281,7 +323,7 @@ def render_room(summary: RoomSummary, utterances: Sequence[dict[str, str]], pend
 
 def _redis(settings: Settings) -> Client:
     """A cluster client when ``REDIS_URL`` names a cluster node (``INFO cluster``): it discovers
-    the other nodes. ``vx:rooms`` and ``vx:jobs`` are single keys, on whichever node holds them."""
+    the other nodes and routes each read to the node of its key."""
     from voxroom.redis_client import cluster_enabled
 
     url = settings.redis_url or "redis://127.0.0.1:6379/0"
@@ -292,19 +334,21 @@ def _redis(settings: Settings) -> Client:
 
 def cmd_rooms(settings: Settings, args: argparse.Namespace) -> int:
     with _redis(settings) as r:
-        print(render_rooms(list_rooms(r, args.limit, idle_ttl_s=settings.room_idle_ttl_s), job_groups(r),
-                           workers(r)))
+        shards = settings.job_shards
+        print(render_rooms(list_rooms(r, args.limit, idle_ttl_s=settings.room_idle_ttl_s, shards=shards),
+                           job_groups(r, shards=shards), workers(r)))
     return 0
 
 
 def cmd_room(settings: Settings, args: argparse.Namespace) -> int:
     with _redis(settings) as r:
-        (summary,) = room_summaries(r, [args.room_id])
+        shards = settings.job_shards
+        (summary,) = room_summaries(r, [args.room_id], shards=shards)
         if summary.gone:
             print(f"room {args.room_id!r} has nothing in Redis")
             return 1
         print(render_room(summary, recent_utterances(r, args.room_id, args.utterances),
-                          pending_jobs(r, args.room_id), output_tail(r, args.room_id, args.output)))
+                          pending_jobs(r, args.room_id, shards=shards), output_tail(r, args.room_id, args.output)))
     return 0
 
 

@@ -130,8 +130,9 @@ def build_worker(settings: Settings, redis: Redis, *, catalog: Catalog | None = 
 def _cluster_options(settings: Settings, cluster_url: str | None) -> dict[str, Any]:
     if cluster_url is None:
         return {}
-    from voxroom.cluster_calls import ClusterCalls, cluster_from_url
+    from voxroom.cluster_calls import ClusterCalls
+    from voxroom.redis_client import cluster_client
 
-    return {"cluster": ClusterCalls(cluster_from_url(cluster_url)),
-            "raw_cluster": ClusterCalls(cluster_from_url(cluster_url, decode_responses=False)),
+    return {"cluster": ClusterCalls(cluster_client(cluster_url, decode_responses=True)),
+            "raw_cluster": ClusterCalls(cluster_client(cluster_url, decode_responses=False)),
             "job_shards": settings.job_shards}

@@ -103,10 +103,16 @@ class Worker:
         self.opus_bitrate = opus_bitrate if opus_bitrate > 0 and _has_pyav() else 0
         if opus_bitrate > 0 and not self.opus_bitrate:
             log.warning("PyAV is not installed: publishing PCM only (pip install 'voxroom[opus]')")
-        self.watcher = StreamWatcher(self.bus.raw, self.bus.auto, keys.worker_wake(self.id))
+        # On a cluster the turn waits read each room on its node (bytes: entries carry audio).
+        self.watcher = StreamWatcher(raw_cluster.cluster if raw_cluster is not None else self.bus.raw,
+                                     self.bus.auto, keys.worker_wake(self.id))
         self.bus.watcher = self.watcher
+        if cache_slots > 0 and raw_cluster is not None:
+            # Its writes are MULTI pipelines on the single-instance client (docs/cluster.md).
+            log.info("audio cache off: it does not run on Redis Cluster yet (VOXROOM_CACHE_SLOTS ignored)")
         self.cache = (AudioCache(self.bus.raw, slots=cache_slots, entry_max_bytes=cache_entry_max_bytes,
-                                 ttl_s=cache_ttl_s, lru_entries=cache_lru_entries) if cache_slots > 0 else None)
+                                 ttl_s=cache_ttl_s, lru_entries=cache_lru_entries)
+                      if cache_slots > 0 and raw_cluster is None else None)
         for ctx in pool.contexts:
             ctx.cache = self.cache
         self.metrics = (MetricsServer(worker_registry(self), host=metrics_host, port=metrics_port)

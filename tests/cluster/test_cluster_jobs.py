@@ -24,7 +24,8 @@ from app.ingress import Ingress
 from app.sweeper import Sweeper
 from tests.cluster.conftest import RedisClusterProcs
 from voxroom import keys, redis_client
-from voxroom.cluster_calls import ClusterCalls, cluster_from_url
+from voxroom.cluster_calls import ClusterCalls
+from voxroom.redis_client import cluster_client
 from workers.bus import OwnershipLost, WorkerBus
 from workers.job import Job
 
@@ -34,7 +35,7 @@ LINES = 4
 
 @pytest.fixture
 async def calls(redis_cluster: RedisClusterProcs) -> AsyncIterator[ClusterCalls]:
-    cluster = ClusterCalls(cluster_from_url(redis_cluster.url))
+    cluster = ClusterCalls(cluster_client(redis_cluster.url, decode_responses=True))
     yield cluster
     await cluster.aclose()
 
@@ -198,8 +199,8 @@ async def buses(redis_cluster: RedisClusterProcs) -> AsyncIterator[list[WorkerBu
     for name in ("worker-a", "worker-b"):
         plain = redis_client.from_url(redis_cluster.url, decode_responses=True)
         bus = WorkerBus(plain, f"{name}-{uuid.uuid4().hex[:4]}", job_shards=SHARDS,
-                        cluster=ClusterCalls(cluster_from_url(redis_cluster.url)),
-                        raw_cluster=ClusterCalls(cluster_from_url(redis_cluster.url, decode_responses=False)))
+                        cluster=ClusterCalls(cluster_client(redis_cluster.url, decode_responses=True)),
+                        raw_cluster=ClusterCalls(cluster_client(redis_cluster.url, decode_responses=False)))
         await bus.ensure_group()
         made.append(bus)
     yield made
@@ -340,8 +341,8 @@ async def test_a_worker_speaks_lines_of_rooms_on_every_shard(redis_cluster: Redi
     pool = ContextPool(["cpu"], engines, catalog, queue_size=4, inflight=64)
     plain = redis_client.from_url(redis_cluster.url, decode_responses=True)
     worker = Worker(plain, pool, catalog, shutdown_timeout_s=1.0, claim_idle_ms=5000,
-                    cluster=ClusterCalls(cluster_from_url(redis_cluster.url)),
-                    raw_cluster=ClusterCalls(cluster_from_url(redis_cluster.url, decode_responses=False)),
+                    cluster=ClusterCalls(cluster_client(redis_cluster.url, decode_responses=True)),
+                    raw_cluster=ClusterCalls(cluster_client(redis_cluster.url, decode_responses=False)),
                     job_shards=SHARDS)
     rooms = rooms_on_every_shard("spoken", 1)
     task = asyncio.create_task(worker.run(), name="test:cluster-worker")
@@ -360,7 +361,7 @@ async def test_a_worker_speaks_lines_of_rooms_on_every_shard(redis_cluster: Redi
         worker.stop()
         await asyncio.wait_for(task, 30)
         await plain.aclose()
-    raw = ClusterCalls(cluster_from_url(redis_cluster.url, decode_responses=False))
+    raw = ClusterCalls(cluster_client(redis_cluster.url, decode_responses=False))
     for room, state in zip(rooms, states, strict=True):
         assert not [field for field in state if field.startswith("owner:")], (room, state)
         out = await raw.call("XRANGE", keys.room_output(room), "-", "+")  # frames are binary
