@@ -193,8 +193,8 @@ class RoomHub:
 
     @property
     def redis(self) -> Redis:
-        """The single-instance client, for the callers not built for a cluster yet (the speech
-        API's private rooms). Raises ``RuntimeError`` on a cluster."""
+        """The single-instance client (the wake stream's cleanup at close, which a cluster's hub
+        does not have). Raises ``RuntimeError`` on a cluster: everything else uses ``client``."""
         if not isinstance(self.client, Redis):
             raise RuntimeError("this part of the gateway does not run on Redis Cluster yet (docs/cluster.md)")
         return self.client

@@ -142,7 +142,7 @@ def create_app(settings: Settings, *, catalog: Catalog | None = None) -> Starlet
                             max_pending_per_room=settings.max_pending_per_room,
                             room_idle_ttl_s=settings.room_idle_ttl_s,
                             switch_lines=settings.chattts_switch_lines, handoff=handoff),
-            directory=directory, claims=claims)
+            directory=directory, claims=claims, cluster=cluster.text if cluster is not None else None)
         state.streams = StreamWatcher(hub_redis, state.hub.control, keys.gateway_wake(gateway_id, "api"))
         app.state.voxroom = state
         with contextlib.suppress(Exception):

@@ -38,23 +38,31 @@ async def snapshot(state: GatewayState) -> metrics.GatewaySnapshot:
         gateway=state.gateway_id, connections=state.connections, rooms=len(state.hub.rooms),
         slices_sent=sent, slices_dropped=dropped, client_queue_total=depth_total, client_queue_max=depth_max,
         workers=state.directory.workers)
+    # One instance: the one job stream. A cluster: the sum over the job shards, read through the
+    # routed client (the seed node holds only some of them).
+    streams = [keys.JOBS] if state.cluster is None else [keys.job_shard(k) for k in range(state.settings.job_shards)]
     try:
-        pipe = state.redis.pipeline(transaction=False)
-        pipe.xlen(keys.JOBS)
-        pipe.xinfo_groups(keys.JOBS)
-        length, groups = await pipe.execute(raise_on_error=False)
+        pipe = (state.redis if state.cluster is None else state.cluster).pipeline(transaction=False)
+        for stream in streams:
+            pipe.xlen(stream)
+            pipe.xinfo_groups(stream)
+        replies = await pipe.execute(raise_on_error=False)
     except (RedisError, OSError) as exc:
         log.debug("metrics: redis unavailable: %s", exc)
         snap.redis_up = False
         return snap
-    if isinstance(length, int):
-        snap.jobs_length = length
-    if isinstance(groups, list):  # an error object when the stream does not exist yet
-        group: dict[str, Any] = next((g for g in groups if g.get("name") == keys.JOBS_GROUP), {})
-        if group:
-            snap.jobs_pending = int(group.get("pending") or 0)
-            lag = group.get("lag")  # Redis 7 only; None after a trim makes it unknowable
-            snap.jobs_lag = int(lag) if lag is not None else None
+    lags: list[int | None] = []
+    for length, groups in zip(replies[0::2], replies[1::2], strict=True):
+        if isinstance(length, int):
+            snap.jobs_length = (snap.jobs_length or 0) + length
+        if isinstance(groups, list):  # an error object when the stream does not exist yet
+            group: dict[str, Any] = next((g for g in groups if g.get("name") == keys.JOBS_GROUP), {})
+            if group:
+                snap.jobs_pending = (snap.jobs_pending or 0) + int(group.get("pending") or 0)
+                lag = group.get("lag")  # Redis 7 only; None after a trim makes it unknowable
+                lags.append(int(lag) if lag is not None else None)
+    if lags:
+        snap.jobs_lag = None if None in lags else sum(x for x in lags if x is not None)
     return snap
 
 

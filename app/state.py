@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
 from app.connection import ClientConnection
 from app.directory import WorkerDirectory
@@ -38,3 +39,6 @@ class GatewayState:
     flood_bans: FloodBans = field(default_factory=FloodBans)
     streams: StreamWatcher | None = None
     """The one blocked read the speech API's responses wait on (voxroom/stream_watcher.py)."""
+    cluster: RedisCluster | None = None
+    """Redis Cluster only: the routed text client (``redis`` is then the seed node alone); what
+    reads keys of any slot (the job shards' gauges) goes through it."""

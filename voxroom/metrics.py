@@ -177,7 +177,8 @@ class GatewayCollector:
                     s.client_queue_max)
         yield gauge("voxroom_redis_up", "1 when the last scrape reached Redis.", 1.0 if s.redis_up else 0.0)
         if s.jobs_length is not None:
-            yield gauge("voxroom_jobs_stream_length", "Entries in the vx:jobs stream (XLEN).", s.jobs_length)
+            yield gauge("voxroom_jobs_stream_length",
+                        "Entries in the vx:jobs stream, or in all job shards on a cluster (XLEN).", s.jobs_length)
         if s.jobs_pending is not None:
             yield gauge("voxroom_jobs_pending", "Utterances read by a worker and not yet acked (XPENDING).",
                         s.jobs_pending)
