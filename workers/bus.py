@@ -39,6 +39,7 @@ from voxroom.cluster_calls import ClusterCalls
 from voxroom.redis_client import POOL_MAX_CONNECTIONS, POOL_WAIT_S
 from voxroom.stream_watcher import StreamWatcher
 from workers.job import Job
+from workers.room_lua import ROOM_LUA
 from workers.shards import ShardedJobs
 
 log = logging.getLogger("voxroom.worker.bus")
@@ -71,19 +72,7 @@ local function owned(jobs, group, id, consumer)
   if type(p) ~= 'table' or p.err then return false end
   return p[1] ~= nil and p[1][2] == consumer
 end
-local function minid(window_ms)
-  if redis.replicate_commands then redis.replicate_commands() end
-  local t = redis.call('TIME')
-  return string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - tonumber(window_ms))
-end
-local function refresh(key, ttl, only_unset)
-  if only_unset == '1' then
-    if redis.call('TTL', key) == -1 then redis.call('EXPIRE', key, ttl) end
-  else
-    redis.call('EXPIRE', key, ttl)
-  end
-end
-"""
+""" + ROOM_LUA
 
 _PUBLISH = _PRELUDE + """
 -- KEYS: jobs, output, state. ARGV: group, entry id, consumer, window_ms, ttl, only_unset,

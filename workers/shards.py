@@ -41,6 +41,7 @@ from redis.exceptions import ResponseError
 from voxroom import keys
 from voxroom.cluster_calls import ClusterCalls
 from workers.job import Job
+from workers.room_lua import ROOM_LUA
 
 log = logging.getLogger("voxroom.worker.shards")
 
@@ -48,19 +49,7 @@ _PRELUDE = """
 local function owned(state, field, token)
   return redis.call('HGET', state, field) == token
 end
-local function minid(window_ms)
-  if redis.replicate_commands then redis.replicate_commands() end
-  local t = redis.call('TIME')
-  return string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - tonumber(window_ms))
-end
-local function refresh(key, ttl, only_unset)
-  if only_unset == '1' then
-    if redis.call('TTL', key) == -1 then redis.call('EXPIRE', key, ttl) end
-  else
-    redis.call('EXPIRE', key, ttl)
-  end
-end
-"""
+""" + ROOM_LUA
 
 # KEYS: 1 state. ARGV: 1 owner field, 2 token, 3 deliveries, 4 entry, 5 ttl, 6 only_unset.
 # Returns 1 taken, 0 a later delivery of this entry owns the line, -1 another entry does.

@@ -3,17 +3,15 @@ gateway, and a deployment lexicon that changes what is said without ever serving
 
 from __future__ import annotations
 
-import asyncio
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import numpy as np
-import numpy.typing as npt
 import pytest
 
 from tests.conftest import Stack
+from tests.e2e.test_line_lexicon import speak
 from tests.engines.test_markup import longest_silence_ms
 from tests.support.processes import Proc, base_env, start_gateway, start_worker
 from tests.support.room_client import RoomClient
@@ -21,28 +19,6 @@ from voxroom.protocol import ROOM_RATE, SLICE_MS
 from voxroom.redis_server import RedisServer
 
 LINE = "The night falls. [pause:700] Werewolves, open your eyes."
-
-
-async def speak(port: int, room: str, text: str, voice: str, *, timeout: float = 60.0) -> npt.NDArray[np.float64]:
-    """Say ``text`` in ``room`` and return its audio; resend (a new seq) while the gateway does not
-    yet see a worker for the voice (a worker that just started), as a client would."""
-    deadline = time.monotonic() + timeout
-    async with RoomClient(port, room) as client:
-        seq = 0
-        while True:
-            seq = await client.say(text, voice)
-            await client.wait_for(lambda g, seq=seq: any(m.get("seq") == seq for m in g.of("accepted") + g.of("error")),
-                                  10)
-            if any(m["seq"] == seq for m in client.got.of("accepted")):
-                break
-            error = next(m for m in client.got.of("error") if m.get("seq") == seq)
-            assert error["code"] == "unknown_voice" and time.monotonic() < deadline, error
-            await asyncio.sleep(0.5)
-        utterance = next(m["utterance"] for m in client.got.of("accepted") if m["seq"] == seq)
-        await client.wait_for(lambda g: any(e["utterance"] == utterance for e in g.ends()), timeout)
-    end = next(e for e in client.got.ends() if e["utterance"] == utterance)
-    assert end["status"] == "ok", end
-    return client.got.audio(utterance).astype(np.float64) / 32768
 
 
 @pytest.mark.parametrize("voice", ["en-joe", "en-espeak"])
