@@ -31,13 +31,16 @@ import asyncio
 import logging
 import secrets
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from redis.exceptions import RedisClusterException, RedisError
 
-from app.ingress import _SAY_BODY, SayOutcome
+from app.ingress import _SAY_BODY, SayOutcome, check_wait, wait_replicas
 from voxroom import keys
+from voxroom.autopipe import AutoPipeline, Commands
+from voxroom.cluster_autopipe import ClusterAutoPipeline
 from voxroom.cluster_calls import Calls
 
 log = logging.getLogger("voxroom.gateway.handoff")
@@ -115,11 +118,22 @@ class RoomMark:
 
 
 class HandOff:
-    def __init__(self, calls: Calls, *, shards: int, jobs_maxlen: int = 100_000) -> None:
+    def __init__(self, calls: Calls, *, shards: int, jobs_maxlen: int = 100_000, wait_replicas: int = 0,
+                 wait_timeout_ms: int = 500, room_idle_ttl_s: int = 3600) -> None:
         """``calls``: commands routed to their key's node (voxroom/cluster_calls.py).
-        ``shards``: the deployment's ``job_shards`` (every gateway and worker the same)."""
+        ``shards``: the deployment's ``job_shards`` (every gateway and worker the same).
+        ``wait_replicas``, ``wait_timeout_ms``: as :class:`app.ingress.Ingress`'s: an accepted
+        (or duplicate) line is answered once that many replicas of the room's primary have it;
+        needs ``calls`` to be an autopipeline (``WAIT`` must go on the connection of the accept).
+        ``room_idle_ttl_s``: the room's TTL, refreshed by the write a duplicate's ``WAIT`` needs."""
         if shards < 1:
             raise ValueError(f"job_shards must be at least 1, not {shards}")
+        if wait_replicas and not isinstance(calls, (ClusterAutoPipeline, AutoPipeline)):
+            raise ValueError("redis_wait_replicas needs the gateway's autopipeline (WAIT on the accept's connection)")
+        check_wait(wait_replicas, wait_timeout_ms, getattr(calls, "timeout_s", 5.0))
+        self.wait_replicas = wait_replicas
+        self.wait_timeout_ms = wait_timeout_ms
+        self.room_idle_ttl_s = room_idle_ttl_s
         self.calls = calls
         self.shards = shards
         self.jobs_maxlen = jobs_maxlen
@@ -163,10 +177,47 @@ class HandOff:
 
     async def say_and_hand(self, room: str, argv: list[Any]) -> SayOutcome:
         """Accept, then hand off. The line is accepted once step 1 answered: a hand-off that
-        fails (Redis unavailable) is logged and left to the room's next line or the sweeper."""
+        fails (Redis unavailable) is logged and left to the room's next line or the sweeper.
+        With ``wait_replicas``, the replicas' ``WAIT`` runs beside the hand-off (it holds the
+        room node's connection, not the shard's); :class:`app.ingress.NotReplicated` when they
+        did not confirm in time, raised after the hand-off: the line is in the primary's
+        ``:utt`` and is handed and spoken like any other, only the answer differs."""
         outcome, mark, line = await self.say(room, argv)
-        if mark is None or line is None:
+        if not self.wait_replicas:
+            if mark is not None and line is not None:
+                await self._hand_off(room, mark, line)
             return outcome
+        steps: list[Coroutine[Any, Any, None]] = []
+        if mark is not None and line is not None:
+            steps.append(self._hand_off(room, mark, line))
+        steps.append(self._wait(room, outcome))
+        # Both run to their end before anything is raised: no step is left running unawaited.
+        for result in await asyncio.gather(*steps, return_exceptions=True):
+            if isinstance(result, BaseException):
+                raise result
+        return outcome
+
+    async def _wait(self, room: str, outcome: SayOutcome) -> None:
+        """``WAIT`` on the pipeline of the node that holds the room: the one connection the accept
+        went out on. The cluster autopipeline would route ``WAIT`` (no key) by its first argument,
+        so the node is found from the room's key here. A slot moving between the accept and the
+        ``WAIT`` (the accept followed an ``ASK`` during a migration) leaves the ``WAIT`` on the old
+        node, where it counts that connection's writes, not the line's: a window of the kind a lost
+        connection opens (app/ingress.py, :func:`~app.ingress.wait_replicas`).
+
+        ``_node_of`` and ``_pipe`` are the cluster autopipeline's own routing (no public way to
+        send a keyless command to a chosen node yet)."""
+        calls = self.calls
+        pipe: Commands
+        if isinstance(calls, ClusterAutoPipeline):
+            pipe = calls._pipe(await calls._node_of(("GET", keys.room_utterances(room))))
+        else:
+            assert isinstance(calls, AutoPipeline)  # checked in __init__
+            pipe = calls
+        await wait_replicas(pipe, room, outcome, replicas=self.wait_replicas, timeout_ms=self.wait_timeout_ms,
+                            room_ttl_s=self.room_idle_ttl_s)
+
+    async def _hand_off(self, room: str, mark: RoomMark, line: Line) -> None:
         try:
             if mark.handed == line.seq - 1:
                 await self.hand(room, mark, line)
@@ -178,7 +229,6 @@ class HandOff:
             # accepted: the room's :utt has it, and it will be handed from there.
             log.warning("room %s line %d accepted, hand-off to shard %d left to the sweeper: %s", room,
                         line.seq, mark.shard, exc)
-        return outcome
 
     # -- steps 2 and 3 ---------------------------------------------------------------------------
 

@@ -21,9 +21,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from redis.asyncio import Redis
+from redis.asyncio.connection import SSLConnection
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from voxroom import keys, line_lexicon
-from voxroom.autopipe import AutoPipeline
+from voxroom.autopipe import AutoPipeline, Commands
+from voxroom.backoff import REDIS_DOWN
 from voxroom.settings import Settings
 
 if TYPE_CHECKING:
@@ -127,6 +131,73 @@ return {1, seq}
 #   log does not. A worker from before ignores the field and speaks the line without it.
 
 
+class NotReplicated(RedisTimeoutError):
+    """A line (or the line a ``duplicate`` answers for) is in the primary, but ``WAIT`` did not
+    confirm that the configured number of replicas have it in time. A ``TimeoutError`` of redis-py,
+    so it is one of ``voxroom.backoff.REDIS_DOWN``: the room WebSocket answers ``unavailable`` with
+    ``retry_after_ms`` and the client resends the same seq, which the say script answers
+    ``duplicate`` after a ``WAIT`` of its own. Never ``accepted`` for a line a failover may lose."""
+
+
+def check_wait(replicas: int, timeout_ms: int, pipeline_timeout_s: float) -> None:
+    """Refuse a ``WAIT`` configuration at start (``ValueError``): ``timeout_ms`` 0 would make
+    ``WAIT`` block until the replicas answer, forever with one stopped; a timeout as long as the
+    autopipeline's own reply timeout would make a slow replica look like a dead primary (every
+    command in flight on the connection failed)."""
+    if replicas < 0:
+        raise ValueError(f"redis_wait_replicas must be 0 (off) or more, not {replicas}")
+    if replicas and not 1 <= timeout_ms < pipeline_timeout_s * 1000:
+        raise ValueError(f"redis_wait_timeout_ms must be from 1 to {int(pipeline_timeout_s * 1000) - 1}, "
+                         f"not {timeout_ms}")
+
+
+async def wait_replicas(pipe: Commands, room: str, outcome: SayOutcome, *, replicas: int, timeout_ms: int,
+                        room_ttl_s: int, one_connection: bool = True) -> None:
+    """Return once ``replicas`` replicas have what ``outcome`` answers for; raise
+    :class:`NotReplicated` when ``WAIT`` gave up first. ``pipe``: the autopipeline of the node that
+    ran the say script. Nothing to wait for with ``replicas`` 0 or a ``busy`` (no write).
+    ``one_connection``: ``pipe`` sends everything on one connection (``False`` for TLS, where its
+    batches go through redis-py's pool).
+
+    ``WAIT`` counts the replication offset of the connection that calls it, as of that
+    connection's last write. After an accept on the pipeline's one connection that is the line's
+    own write (or a later one). That connection carries every line of the node, and a ``WAIT``
+    holds it for a replica round trip (Redis runs nothing else of a blocked connection): the says
+    of one loop turn go out together, their ``WAIT`` commands together after the replies, so the
+    first ``WAIT`` covers every line before it and the others return at once. One replica round
+    trip per loop turn, where ``EVAL, WAIT`` pipelined per line would pay one per line. Left
+    open: a connection lost after a line's reply was read and before its ``WAIT`` went out (the
+    pipeline reconnects) would confirm the line unchecked, as ``WAIT`` on a connection without
+    writes returns at once.
+
+    A ``duplicate`` wrote nothing, and the line it answers for may have been written on another
+    connection (another gateway: a client that reconnected elsewhere); so may an accept whose
+    batch and ``WAIT`` went through different pooled connections (``one_connection=False``).
+    Then an ``EXPIRE`` (of the room's senders key, as any say refreshes it) goes first, in the
+    same group and so on the same connection: a write there, so the ``WAIT`` behind it covers
+    everything the primary had by then, that line included. It costs a replica round trip per
+    line (the next ``EXPIRE`` moves the offset past what the ``WAIT`` before it waited for)."""
+    if replicas <= 0 or outcome.status == "busy":
+        return
+    try:
+        if outcome.status == "duplicate" or not one_connection:
+            _, acked = await pipe.group([("EXPIRE", keys.room_senders(room), room_ttl_s),
+                                         ("WAIT", replicas, timeout_ms)])
+        else:
+            acked = await pipe.call("WAIT", replicas, timeout_ms)
+    except ResponseError as exc:
+        if isinstance(exc, REDIS_DOWN):
+            raise
+        # An error reply that is not "Redis down" (a slot moved away between the say and its
+        # WAIT: the EXPIRE answered MOVED): nothing confirmed, and nothing changed for the line.
+        # The client resends, as after a timeout.
+        raise NotReplicated(f"room {room}: could not confirm the line on a replica: {exc}") from exc
+    if int(acked) < replicas:
+        what = f"line {outcome.utterance}" if outcome.status == "accepted" else "the line"
+        raise NotReplicated(f"room {room}: {what} is in the primary, but {int(acked)} of {replicas} replicas "
+                            f"confirmed it within {timeout_ms} ms")
+
+
 def _default_idle_ttl_s() -> int:
     return Settings().room_idle_ttl_s
 
@@ -141,18 +212,29 @@ class SayOutcome:
 class Ingress:
     def __init__(self, redis: Redis, *, utterance_maxlen: int = 1000, jobs_maxlen: int = 100_000,
                  max_pending_per_room: int = 16, room_idle_ttl_s: int | None = None,
-                 switch_lines: int | None = None, handoff: HandOff | None = None) -> None:
+                 switch_lines: int | None = None, handoff: HandOff | None = None, wait_replicas: int = 0,
+                 wait_timeout_ms: int = 500) -> None:
         """``room_idle_ttl_s``: a room's keys expire this long after its last accepted line
         (``None``: the :class:`Settings` default, 3600). ``switch_lines``: lines a voice switch
         is spread over (``None``: the :class:`Settings` default of ``chattts_switch_lines``; 1: the
         switch happens within the line that makes it). Raises ``ValueError`` below 1.
         ``handoff``: Redis Cluster only (app/handoff.py): accept in the room's slot, then hand the
-        line to its job shard; ``None`` (one Redis instance): the one script below."""
+        line to its job shard; ``None`` (one Redis instance): the one script below.
+        ``wait_replicas`` (``VOXROOM_REDIS_WAIT_REPLICAS``): answer ``accepted`` (and ``duplicate``)
+        only once that many replicas confirmed the write (``WAIT``, ``wait_timeout_ms`` at most,
+        else :class:`NotReplicated`); 0: as soon as the primary has it. On a cluster the hand-off
+        waits (its own copy of these settings). Raises ``ValueError`` for values
+        :func:`check_wait` refuses."""
         self.handoff = handoff
         # Lines that many rooms send in the same loop turn share one round trip (voxroom/autopipe.py).
         # EVAL, not EVALSHA: Redis caches the compiled script by digest, and a Redis restarted
         # empty needs no NOSCRIPT retry.
         self._auto = AutoPipeline(redis)
+        # As AutoPipeline decides: TLS batches go through redis-py's pool (see wait_replicas).
+        self._one_connection = not issubclass(redis.connection_pool.connection_class, SSLConnection)
+        check_wait(wait_replicas, wait_timeout_ms, self._auto.timeout_s)
+        self.wait_replicas = wait_replicas
+        self.wait_timeout_ms = wait_timeout_ms
         self.utterance_maxlen = utterance_maxlen
         self.jobs_maxlen = jobs_maxlen
         self.max_pending = max_pending_per_room
@@ -185,4 +267,7 @@ class Ingress:
             line_lexicon.encode(lexicon or {}))
         kind: Literal["accepted", "duplicate", "busy"] = (
             "accepted" if status == 1 else "duplicate" if status == 0 else "busy")
-        return SayOutcome(kind, int(value))
+        outcome = SayOutcome(kind, int(value))
+        await wait_replicas(self._auto, room, outcome, replicas=self.wait_replicas, timeout_ms=self.wait_timeout_ms,
+                            room_ttl_s=self.room_idle_ttl_s, one_connection=self._one_connection)
+        return outcome

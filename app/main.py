@@ -130,7 +130,10 @@ def create_app(settings: Settings, *, catalog: Catalog | None = None) -> Starlet
             # One autopipeline per node (text replies) for the hand-off, the sweeper and the
             # directory: the commands of one loop turn share a round trip per node.
             routed = ClusterAutoPipeline(cluster.text)
-            handoff = HandOff(routed, shards=settings.job_shards, jobs_maxlen=settings.jobs_maxlen)
+            handoff = HandOff(routed, shards=settings.job_shards, jobs_maxlen=settings.jobs_maxlen,
+                              wait_replicas=settings.redis_wait_replicas,
+                              wait_timeout_ms=settings.redis_wait_timeout_ms,
+                              room_idle_ttl_s=settings.room_idle_ttl_s)
             directory.auto = routed  # type: ignore[assignment]  # the registry lies in its own slot
         claims = ClientClaims(cluster.text if cluster is not None else text_redis, gateway_id)
         hub_redis = cluster.raw if cluster is not None else bytes_redis
@@ -141,7 +144,9 @@ def create_app(settings: Settings, *, catalog: Catalog | None = None) -> Starlet
                             jobs_maxlen=settings.jobs_maxlen,
                             max_pending_per_room=settings.max_pending_per_room,
                             room_idle_ttl_s=settings.room_idle_ttl_s,
-                            switch_lines=settings.chattts_switch_lines, handoff=handoff),
+                            switch_lines=settings.chattts_switch_lines, handoff=handoff,
+                            wait_replicas=settings.redis_wait_replicas,
+                            wait_timeout_ms=settings.redis_wait_timeout_ms),
             directory=directory, claims=claims, cluster=cluster.text if cluster is not None else None)
         state.streams = StreamWatcher(hub_redis, state.hub.control, keys.gateway_wake(gateway_id, "api"))
         app.state.voxroom = state

@@ -12,14 +12,19 @@ client asks ``COMMAND GETKEYS`` for ``XREAD``, a round trip per command): the fi
 the first key of ``EVAL``/``EVALSHA``, the first stream after ``STREAMS``. A command without keys
 (``PING``) goes to any primary.
 
-Redirections, each command on its own (a ``MOVED`` or ``ASK`` command did not run, so sending it
-again is safe; a connection lost with commands in flight is the ambiguous case, as on one Redis):
+Redirections, each command on its own (a ``MOVED``, ``ASK`` or ``TRYAGAIN`` command did not run,
+so sending it again is safe; a connection lost with commands in flight is the ambiguous case, as on one Redis):
 
 - ``MOVED``: the slot map is asked again (``ClusterReads.refresh``, one refresh for all the
   commands that hit it) and the command is sent to the node it names;
 - ``ASK``: ``ASKING`` and the command, back to back on the target's pipeline (one connection,
   so ``ASKING`` applies to that command);
-- at most :data:`MAX_REDIRECTS` in a row, then the last error reply stands.
+- ``TRYAGAIN`` (a script over several keys of a migrating slot, its keys split between the two
+  nodes or some not yet on the target): sent again to the slot's owner after a backoff
+  (``voxroom.cluster_calls``'s ``TRYAGAIN_FIRST_S`` doubling to ``TRYAGAIN_CAP_S``);
+- at most :data:`MAX_REDIRECTS` redirections and ``REDIRECT_BUDGET_S`` (10 s) for one command,
+  then the last error reply stands (``TRYAGAIN`` raised as ``TryAgainError``, one of
+  ``REDIS_DOWN``: the gateway answers ``unavailable`` and the client resends the same ``seq``).
 """
 
 from __future__ import annotations
@@ -36,9 +41,13 @@ from redis.exceptions import ResponseError, SlotNotCoveredError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from voxroom.autopipe import AutoPipeline, Command, redis_error
+from voxroom.backoff import Backoff
+from voxroom.cluster_calls import REDIRECT_BUDGET_S, TRYAGAIN_CAP_S, TRYAGAIN_FIRST_S
 from voxroom.cluster_reads import ClusterReads
 
-MAX_REDIRECTS = 5
+MAX_REDIRECTS = 16
+"""``MOVED``/``ASK`` followed for one command before the last error reply stands: a command of a
+slot in migration may bounce source (ASK) -> target (TRYAGAIN) -> source a few times."""
 
 
 def command_key(command: Command) -> Any | None:
@@ -67,6 +76,8 @@ class ClusterAutoPipeline:
         self.timeout_s = timeout_s
         self.max_inflight = max_inflight
         self._pipes: dict[str, AutoPipeline] = {}
+        self.retries = 0
+        """``TRYAGAIN`` answers sent again."""
 
     @property
     def batches_sent(self) -> int:
@@ -128,7 +139,7 @@ class ClusterAutoPipeline:
         for (_node, at), got in zip(parts.values(), results, strict=True):
             for i, reply in zip(at, got, strict=True):
                 replies[i] = reply
-        redirected = [i for i, reply in enumerate(replies) if _redirect(reply)]
+        redirected = [i for i, reply in enumerate(replies) if _retry(reply)]
         if redirected:
             again = await asyncio.gather(*(self._follow(commands[i], replies[i]) for i in redirected))
             for i, reply in zip(redirected, again, strict=True):
@@ -136,7 +147,26 @@ class ClusterAutoPipeline:
         return replies
 
     async def _follow(self, command: Command, reply: ResponseError) -> Any:
-        for _ in range(MAX_REDIRECTS):
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + REDIRECT_BUDGET_S
+        backoff = Backoff(TRYAGAIN_FIRST_S, TRYAGAIN_CAP_S)
+        redirects = 0
+        while True:
+            if str(reply).startswith("TRYAGAIN"):
+                # Its slot is migrating and its keys are split between the two nodes (or some
+                # do not exist yet on the target): it did not run. Again after a pause, from the
+                # slot's owner, which answers ASK or MOVED once the keys have moved.
+                self.retries += 1
+                if loop.time() + backoff.delay > deadline:
+                    return reply
+                await backoff.wait()
+                reply = (await self._pipe(await self._node_of(command)).replies([command]))[0]
+                if not _retry(reply):
+                    return reply
+                continue
+            redirects += 1
+            if redirects > MAX_REDIRECTS or loop.time() > deadline:
+                return reply
             kind, _slot, address = str(reply).split(" ", 2)
             self.reads.redirects += 1
             if kind == "MOVED":
@@ -151,14 +181,14 @@ class ClusterAutoPipeline:
                 if target is None:
                     return reply
                 reply = (await self._pipe(target).replies([("ASKING",), command]))[1]
-            if not _redirect(reply):
+            if not _retry(reply):
                 return reply
-        return reply
 
     async def aclose(self) -> None:
         pipes, self._pipes = list(self._pipes.values()), {}
         await asyncio.gather(*(p.aclose() for p in pipes), return_exceptions=True)
 
 
-def _redirect(reply: Any) -> bool:
-    return isinstance(reply, ResponseError) and str(reply).startswith(("MOVED ", "ASK "))
+def _retry(reply: Any) -> bool:
+    """A reply saying the command did not run and where (or when) to send it again."""
+    return isinstance(reply, ResponseError) and str(reply).startswith(("MOVED ", "ASK ", "TRYAGAIN"))

@@ -33,7 +33,14 @@ import logging
 from typing import Any
 
 from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.exceptions import AskError, ClusterDownError, MovedError, RedisClusterException, SlotNotCoveredError
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    MovedError,
+    RedisClusterException,
+    ResponseError,
+    SlotNotCoveredError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -101,6 +108,13 @@ class ClusterReads:
             if reply is None:
                 await asyncio.sleep(ASK_PAUSE_S)
             return reply
+        except ResponseError as exc:
+            if not str(exc).startswith("UNBLOCKED"):
+                raise
+            # Redis 7 ends an XREADGROUP blocked on a key a resharding took away with
+            # ``UNBLOCKED the stream key no longer exists`` (a plain XREAD waits for its BLOCK):
+            # nothing was read, ask again (MOVED or ASK next).
+            return None
         except (RedisConnectionError, RedisTimeoutError, OSError):
             try:
                 await self.refresh()

@@ -51,6 +51,14 @@ class Settings:
     jobs_maxlen: int = 100_000
     max_pending_per_room: int = 16
     """`say` is refused with ``busy`` while a room has this many utterances not yet played."""
+    redis_wait_replicas: int = 0
+    """Answer ``accepted`` only once this many replicas of the room's Redis primary confirmed the
+    line (``WAIT``); fewer within ``redis_wait_timeout_ms``: ``unavailable``, and the client's
+    resend of the same seq waits again. 0: off (a failover may lose a line just accepted).
+    docs/cluster.md, "Failover"."""
+    redis_wait_timeout_ms: int = 500
+    """How long one ``WAIT`` may hold the gateway's Redis connection (1 to 4999 when
+    ``redis_wait_replicas`` is set; refused at start otherwise)."""
     insecure_dev: bool = False
     """No token required. For local demos only; logged loudly."""
     jwt_secret: str | None = None

@@ -240,8 +240,17 @@ class ShardedJobs:
     async def _read(self, shard: int, count: int, block_ms: int | None) -> list[Job]:
         stream = keys.job_shard(shard)
         block = [] if block_ms is None else ["BLOCK", max(1, block_ms)]
-        resp: Any = await self.calls.call_at(stream, "XREADGROUP", "GROUP", keys.JOBS_GROUP, self.consumer,
-                                             "COUNT", count, *block, "STREAMS", stream, ">")
+        try:
+            resp: Any = await self.calls.call_at(stream, "XREADGROUP", "GROUP", keys.JOBS_GROUP, self.consumer,
+                                                 "COUNT", count, *block, "STREAMS", stream, ">")
+        except ResponseError as exc:
+            # A read blocked on the node a resharding takes the shard from is answered this when
+            # the shard's key leaves it (Redis 7: ``UNBLOCKED the stream key no longer exists``).
+            # Nothing was delivered: the next read goes to the shard's new node.
+            if not str(exc).startswith("UNBLOCKED"):
+                raise
+            log.info("jobs: read of shard %d unblocked (%s): read again", shard, exc)
+            return []
         entries = _entries_of(resp, stream)
         return await self._parse(shard, entries)
 
