@@ -21,7 +21,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from voxroom import keys, voice_mix
-from voxroom.autopipe import AutoPipeline
+from voxroom.autopipe import AutoPipeline, Commands
 from voxroom.backoff import REDIS_DOWN
 
 log = logging.getLogger("voxroom.gateway.directory")
@@ -31,10 +31,14 @@ REGISTRY_CUTOFF_S = 600
 
 
 class WorkerDirectory:
-    def __init__(self, redis: Redis, *, interval_s: float = 2.0) -> None:
+    def __init__(self, redis: Redis, *, interval_s: float = 2.0, auto: Commands | None = None) -> None:
+        """``auto``: what the reads go through (closed by :meth:`aclose`); by default an
+        ``AutoPipeline`` on ``redis``. On a cluster the gateway gives its per-node autopipeline
+        (``ClusterAutoPipeline``): the registry and each heartbeat hash lie in slots of their own,
+        and one refresh's reads share a round trip per node."""
         self.redis = redis
         self.interval_s = interval_s
-        self.auto = AutoPipeline(redis)
+        self.auto: Commands = auto if auto is not None else AutoPipeline(redis)
         self.workers: dict[str, dict[str, str]] = {}
         self.engines: set[str] = set()
         self.voices: set[str] = set()

@@ -42,7 +42,7 @@ from starlette.routing import BaseRoute, Route
 from app import captioned, openai_compat
 from app.openai_compat import mixed_voice, openai_voice
 from app.speech_formats import CONTENT_TYPES, MAX_SPEED, MIN_SPEED, Encoder, available_formats, make_encoder, refusal
-from app.speech_room import MAX_INPUT_CHARS, RoomBusy, SpeechRoom, StreamSlots, cleanup, split_input
+from app.speech_room import MAX_INPUT_CHARS, RoomBusy, SpeechRoom, StreamSlots, split_input
 from app.state import GatewayState
 from app.voices_api import api_error, json_errors, read_json, served
 from voxroom import keys, tokens, voice_mix
@@ -137,7 +137,7 @@ async def release(reader: SpeechRoom, slots: StreamSlots) -> None:
     expire); safe inside a cancelled scope (the client gone)."""
     slots.release()
     with anyio.CancelScope(shield=True):
-        await cleanup(reader.redis, reader.room, finished=reader.finished)
+        await reader.cleanup(finished=reader.finished)
 
 
 class _SpeechResponse(StreamingResponse):
@@ -232,14 +232,14 @@ async def opened(request: Request, slots: StreamSlots, speech: Speech, *, marks:
         raise
     if refused is not None:
         slots.release()
-        await cleanup(redis, room, finished=False)
+        await reader.cleanup(finished=False)
         return refused
     # From here the keys exist: give them a TTL at once, so that even a gateway that dies
     # mid-stream leaves nothing behind for good (and the room leaves vx:rooms now).
-    await cleanup(redis, room, finished=False)
+    await reader.cleanup(finished=False)
     if not reader.buffered and reader.status != "ok":
         slots.release()
-        await cleanup(redis, room, finished=True)
+        await reader.cleanup(finished=True)
         return api_error(500, f"synthesis failed: {reader.error or reader.status}", "synthesis_failed")
     log.info("speech: room %s voice %s format %s speed %.2f, %d line(s), %d characters", room, speech.voice.id,
              speech.fmt, speech.speed, len(speech.lines), sum(len(line) for line in speech.lines))

@@ -106,9 +106,12 @@ def split_input(text: str) -> list[str]:
     return lines
 
 
-async def cleanup(redis: Redis | RedisCluster, room: str, *, finished: bool) -> None:
+async def cleanup(redis: Redis | RedisCluster, room: str, *, finished: bool, shards: int | None = None) -> None:
     """Delete the room's keys (``finished``) or give them :data:`ABANDONED_TTL_S` (the worker may
-    still write); either way drop it from ``vx:rooms``. Logs and swallows Redis failures."""
+    still write); either way drop it from the rooms index: ``vx:rooms``, or on a cluster
+    (``redis`` a ``RedisCluster``) its index shard among ``shards`` (the deployment's
+    ``job_shards``, as app/handoff.py indexes it; ``None``: the index is left alone, the entry
+    ages out). Logs and swallows Redis failures."""
     names = [keys.room_output(room), keys.room_utterances(room), keys.room_seq(room), keys.room_state(room),
              keys.room_senders(room)]
     pipe = redis.pipeline(transaction=False)
@@ -117,7 +120,12 @@ async def cleanup(redis: Redis | RedisCluster, room: str, *, finished: bool) -> 
     else:
         for name in names:
             pipe.expire(name, ABANDONED_TTL_S)
-    pipe.zrem(keys.ROOMS, room)
+    if not isinstance(redis, RedisCluster):
+        pipe.zrem(keys.ROOMS, room)
+    elif shards is not None:
+        # Another slot than the room's: redis-py's cluster pipeline sends it to that node in the
+        # same round trip (one per node) as the room's own commands.
+        pipe.zrem(keys.rooms_shard(keys.shard_of(room, shards)), room)
     try:
         await pipe.execute()
     except (RedisError, OSError) as exc:
@@ -158,6 +166,15 @@ class SpeechRoom:
     def key(self) -> str:
         return keys.room_output(self.room)
 
+    @property
+    def index_shards(self) -> int | None:
+        """The deployment's index shard count on a cluster (where ``say`` indexed the room)."""
+        return self.ingress.handoff.shards if self.ingress.handoff is not None else None
+
+    async def cleanup(self, *, finished: bool) -> None:
+        """:func:`cleanup` of this room, its index entry dropped from the right shard on a cluster."""
+        await cleanup(self.redis, self.room, finished=finished, shards=self.index_shards)
+
     async def top_up(self) -> None:
         """Say lines until :data:`WINDOW` wait. Raises ``RedisError``/``OSError`` or :class:`RoomBusy`."""
         said = False
@@ -169,7 +186,7 @@ class SpeechRoom:
             self.submitted += 1
             said = True
         if said:  # ``say`` re-registers the room and its TTLs: keep it private and short-lived
-            await cleanup(self.redis, self.room, finished=False)
+            await self.cleanup(finished=False)
 
     async def read(self) -> list[np.ndarray[Any, Any]]:
         """The next slices (empty once the last line's ``end`` was seen). Raises ``TimeoutError``,

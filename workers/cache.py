@@ -23,6 +23,14 @@ lines), and every entry expires ``ttl_s`` after it was last written. Two hot lin
 slot evict each other; the in-process LRU in front (``lru_entries`` per worker) keeps the hottest
 ones out of that fight and saves the round trip.
 
+**Calls.** Lookups and stores are one ``EVAL`` each on the entry's one key, sent through a
+:class:`~voxroom.cluster_calls.Calls` (``await calls.call(*command)``). Given a single-instance
+``Redis``, the cache makes its own automatic pipelines (``voxroom/autopipe.py``): one shared by the
+lookups, one for the stores. Given a Redis Cluster's routed per-node autopipeline
+(``voxroom/cluster_autopipe.py``) or ``ClusterCalls``, each command goes to the node of its key's
+slot. A slot key has no hash tag, so Redis Cluster hashes the whole key (CRC16 of
+``vx:cache:<n>``): the slots spread over every primary, and each entry lies whole on one.
+
 Redis failures never fail an utterance: a lookup that fails is a miss, a store that fails is
 dropped, both counted.
 """
@@ -47,6 +55,7 @@ from redis.exceptions import RedisError
 
 from voxroom import keys
 from voxroom.autopipe import AutoPipeline
+from voxroom.cluster_calls import Calls
 from voxroom.protocol import ROOM_RATE, SLICE_SAMPLES
 from voxroom.voices import Voice
 from workers.engines.marks import WordMark
@@ -61,6 +70,13 @@ _GET = """
 if redis.call('HGET', KEYS[1], 'fp') == ARGV[1] then return redis.call('HMGET', KEYS[1], 'pcm', 'marks') end
 return false
 """
+_PUT = """
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'fp', ARGV[1], 'pcm', ARGV[2], 'marks', ARGV[3], 'rate', ARGV[4], 'v', ARGV[5])
+return redis.call('EXPIRE', KEYS[1], ARGV[6])
+"""
+"""One slot's store, atomic: ``DEL`` first, so a slot is one entry, never a mix of the old line's
+fields and the new one's."""
 _SPACES = re.compile(r"\s+")
 
 
@@ -152,16 +168,26 @@ class AudioCache:
     """Look up and store utterance audio. Event-loop only (no locks): the worker's contexts call it
     from their runner coroutines, never from their synthesis threads.
 
-    ``redis`` must not decode responses (the PCM is binary).
+    ``redis``: a single-instance ``Redis`` (the cache makes and closes its own pipelines on it),
+    or a :class:`~voxroom.cluster_calls.Calls` that routes each command to its key's node (the
+    caller owns it and closes it after :meth:`aclose`). Either must not decode responses (the PCM
+    is binary).
     """
 
-    def __init__(self, redis: Redis, *, slots: int = 1024, entry_max_bytes: int = 480_000, ttl_s: int = 86_400,
-                 lru_entries: int = 64, store_queue: int = 256) -> None:
+    def __init__(self, redis: Redis | Calls, *, slots: int = 1024, entry_max_bytes: int = 480_000,
+                 ttl_s: int = 86_400, lru_entries: int = 64, store_queue: int = 256) -> None:
         if slots <= 0:
             raise ValueError("an audio cache needs at least one slot")
-        self.redis = redis
-        self._auto = AutoPipeline(redis)
-        """Many contexts look up at once when many rooms speak: their lookups share round trips."""
+        self._owned: list[AutoPipeline] = []
+        if isinstance(redis, Redis):
+            # Many contexts look up at once when many rooms speak: their lookups share round
+            # trips. Stores have a connection of their own, so a lookup never waits behind a
+            # store's 100 kB of PCM on the wire (as when stores were MULTIs on the pool).
+            self._owned = [AutoPipeline(redis), AutoPipeline(redis)]
+            self._lookups: Calls = self._owned[0]
+            self._writes: Calls = self._owned[1]
+        else:
+            self._lookups = self._writes = redis
         self.slots = slots
         self.entry_max_bytes = entry_max_bytes
         self.ttl_s = ttl_s
@@ -186,7 +212,7 @@ class AudioCache:
         try:
             # The slot holds whichever line hashed there last: its PCM comes back only when the
             # fingerprint matches (a miss must not carry another line's 100 kB of audio).
-            stored = await self._auto.call("EVAL", _GET, 1, self.slot_key(fp), fp)
+            stored = await self._lookups.call("EVAL", _GET, 1, self.slot_key(fp), fp)
         except (RedisError, OSError) as exc:
             self.stats.errors += 1
             log.warning("audio cache lookup failed (%s); synthesizing", exc)
@@ -209,15 +235,9 @@ class AudioCache:
         if len(pcm) > self.entry_max_bytes or not pcm or len(pcm) % SLICE_BYTES:
             self.stats.too_large += 1
             return False
-        key = self.slot_key(fp)
-        pipe = self.redis.pipeline(transaction=True)
-        # DEL first: a slot is one entry, never a mix of the old line's fields and the new one's.
-        pipe.delete(key)
-        pipe.hset(key, mapping={"fp": fp, "pcm": pcm, "marks": encode_marks(marks), "rate": ROOM_RATE,
-                                "v": FORMAT_VERSION})
-        pipe.expire(key, self.ttl_s)
         try:
-            await pipe.execute()
+            await self._writes.call("EVAL", _PUT, 1, self.slot_key(fp), fp, pcm, encode_marks(marks), ROOM_RATE,
+                                    FORMAT_VERSION, self.ttl_s)
         except (RedisError, OSError) as exc:
             self.stats.errors += 1
             log.warning("audio cache store failed: %s", exc)
@@ -253,7 +273,10 @@ class AudioCache:
                 log.exception("audio cache store failed")
 
     async def aclose(self) -> None:
-        await self._auto.aclose()
+        """Close the pipelines the cache made (not a ``Calls`` it was given)."""
+        owned, self._owned = self._owned, []
+        for pipe in owned:
+            await pipe.aclose()
 
     def _remember(self, fp: str, line: CachedLine) -> None:
         if self.lru_entries <= 0:

@@ -130,9 +130,11 @@ def build_worker(settings: Settings, redis: Redis, *, catalog: Catalog | None = 
 def _cluster_options(settings: Settings, cluster_url: str | None) -> dict[str, Any]:
     if cluster_url is None:
         return {}
-    from voxroom.cluster_calls import ClusterCalls
     from voxroom.redis_client import cluster_client
+    from workers.cluster_pipe import PipelinedClusterCalls
 
-    return {"cluster": ClusterCalls(cluster_client(cluster_url, decode_responses=True)),
-            "raw_cluster": ClusterCalls(cluster_client(cluster_url, decode_responses=False)),
+    # Job scripts, turn checks and audio cache entries share a pipeline per node; the blocked
+    # reads keep redis-py's pooled connections (workers/cluster_pipe.py).
+    return {"cluster": PipelinedClusterCalls(cluster_client(cluster_url, decode_responses=True)),
+            "raw_cluster": PipelinedClusterCalls(cluster_client(cluster_url, decode_responses=False)),
             "job_shards": settings.job_shards}

@@ -77,7 +77,9 @@ class Worker:
                  cluster: ClusterCalls | None = None, raw_cluster: ClusterCalls | None = None,
                  job_shards: int = 12) -> None:
         """``cluster``, ``raw_cluster``: on Redis Cluster, clients with text and bytes replies (the
-        bus owns them): jobs are read from ``job_shards`` shards (workers/shards.py)."""
+        bus owns them): jobs are read from ``job_shards`` shards (workers/shards.py), and the
+        audio cache's entries go through ``raw_cluster`` (pipelined per node when it is a
+        ``workers.cluster_pipe.PipelinedClusterCalls``, as ``voxroom worker`` builds it)."""
         self.id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.redis = redis
         self.bus = WorkerBus(redis, self.id, resume_window_ms=resume_window_ms, room_idle_ttl_s=room_idle_ttl_s,
@@ -107,12 +109,12 @@ class Worker:
         self.watcher = StreamWatcher(raw_cluster.cluster if raw_cluster is not None else self.bus.raw,
                                      self.bus.auto, keys.worker_wake(self.id))
         self.bus.watcher = self.watcher
-        if cache_slots > 0 and raw_cluster is not None:
-            # Its writes are MULTI pipelines on the single-instance client (docs/cluster.md).
-            log.info("audio cache off: it does not run on Redis Cluster yet (VOXROOM_CACHE_SLOTS ignored)")
-        self.cache = (AudioCache(self.bus.raw, slots=cache_slots, entry_max_bytes=cache_entry_max_bytes,
-                                 ttl_s=cache_ttl_s, lru_entries=cache_lru_entries)
-                      if cache_slots > 0 and raw_cluster is None else None)
+        # On a cluster each cache entry (one key, no hash tag) goes to its own node through the
+        # bytes client's routed calls (the bus closes them, after the cache).
+        self.cache = (AudioCache(raw_cluster if raw_cluster is not None else self.bus.raw, slots=cache_slots,
+                                 entry_max_bytes=cache_entry_max_bytes, ttl_s=cache_ttl_s,
+                                 lru_entries=cache_lru_entries)
+                      if cache_slots > 0 else None)
         for ctx in pool.contexts:
             ctx.cache = self.cache
         self.metrics = (MetricsServer(worker_registry(self), host=metrics_host, port=metrics_port)
