@@ -2,11 +2,13 @@
 
 1. Find the client's position: scan the room's output stream back from its tail, one page at a
    time, to the last entry the client holds (``app/resume.py``). ``0-0`` when the scan reaches the
-   stream's start first (all that is kept is news to the client).
+   stream's start first (all that is kept is news to the client). When that entry is a group of
+   slices the client holds only the first of, it gets the group's later slices at once.
 2. While the position is behind the room reader's cursor, wait until the client's queue is half
-   empty, then read the next entries up to the cursor (at most what fits in the queue) and queue
-   them. Memory per resuming client stays within its queue bound, however long the replay; a
-   client that stops reading stops its own replay (and is reaped like any stalled reader).
+   empty, then read the next entries up to the cursor and queue as many whole entries as fit (an
+   entry may hold several slices). Memory per resuming client stays within its queue bound,
+   however long the replay; a client that stops reading stops its own replay (and is reaped like
+   any stalled reader).
 3. When the position *is* the cursor, the hub turns the client live in the same loop turn: the
    reader dispatches entries right after moving its cursor, so every entry up to the cursor was
    read here and every later one reaches the client live. When the position is *ahead* of the
@@ -18,8 +20,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from app.entries import client_items, entry_id_str, fields
-from app.resume import ResumePoint, stop_here, stream_id
+from app.entries import entry_id_str, entry_items, fields
+from app.resume import ResumePoint, held_slices, stop_here, stream_id
 from voxroom import keys
 from voxroom.backoff import REDIS_DOWN, Backoff
 
@@ -34,17 +36,27 @@ SCAN_PAGE = 64
 WAIT_READER_S = 2.0
 
 
-async def find_position(hub: RoomHub, key: str, point: ResumePoint) -> str:
-    """The id of the last entry the client holds (``0-0`` when none is kept)."""
+async def find_position(hub: RoomHub, key: str, point: ResumePoint, codec: int) -> tuple[str, list[str | bytes]]:
+    """The id of the last entry the client holds (``0-0`` when none is kept), and what of that
+    entry it still lacks: the later slices of a group it holds only the first of."""
     upper = "+"
     while True:
         page: Any = await hub.control.call("XREVRANGE", key, upper, "-", "COUNT", SCAN_PAGE)
         for entry_id, flat in page or []:
-            if stop_here(point, fields(flat)):
-                return entry_id_str(entry_id)
+            entry = fields(flat)
+            if stop_here(point, entry):
+                return entry_id_str(entry_id), entry_items(entry, codec, skip=held_slices(point, entry))
         if not page or len(page) < SCAN_PAGE:
-            return "0-0"
+            return "0-0", []
         upper = "(" + entry_id_str(page[-1][0])
+
+
+def _send(client: ClientConnection, items: list[str | bytes]) -> None:
+    for item in items:
+        if isinstance(item, bytes):
+            client.send_audio(item)
+        else:
+            client.send_text(item)
 
 
 async def catch_up(hub: RoomHub, client: ClientConnection, point: ResumePoint) -> None:
@@ -58,7 +70,8 @@ async def catch_up(hub: RoomHub, client: ClientConnection, point: ResumePoint) -
         while not client.closed:
             try:
                 if position is None:
-                    position = await find_position(hub, key, point)
+                    position, rest = await find_position(hub, key, point, client.codec)
+                    _send(client, rest)  # before anything after the position (a few slices at most)
                 cursor = hub.cursor(client.room)
                 if cursor is None:
                     return  # the room left this gateway: the client is leaving too
@@ -78,14 +91,20 @@ async def catch_up(hub: RoomHub, client: ClientConnection, point: ResumePoint) -
                 cursor = hub.cursor(client.room) or cursor  # it only moves forward
                 page: Any = await hub.control.call("XRANGE", key, "(" + position, cursor, "COUNT", room_left)
                 page = page or []
-                for item in client_items(page, client.codec):
-                    if isinstance(item, bytes):
-                        client.send_audio(item)
-                    else:
-                        client.send_text(item)
-                replayed += len(page)
-                # A short page covered everything up to the cursor (even entries trimmed away).
-                position = cursor if len(page) < room_left else entry_id_str(page[-1][0])
+                # An entry may hold several slices: queue whole entries while they fit (the first
+                # always, so the replay moves on); the rest of the page is read again next time.
+                queued = taken = 0
+                for entry_id, flat in page:
+                    items = entry_items(fields(flat), client.codec)
+                    if taken and queued + len(items) > room_left:
+                        break
+                    _send(client, items)
+                    queued += len(items)
+                    taken += 1
+                    position = entry_id_str(entry_id)
+                replayed += taken
+                if taken == len(page) and len(page) < room_left:
+                    position = cursor  # a short page covered everything up to it (even entries trimmed away)
                 backoff.reset()
             except REDIS_DOWN as exc:
                 log.warning("resume of client %s in room %s: redis unavailable (%s)", client.client_id,

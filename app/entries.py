@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from voxroom.output_entries import ControlMessage, control_from_entry
+from voxroom.output_entries import ControlMessage, control_from_entry, slice_frames
 from voxroom.protocol import CODEC_OPUS, encode_server_message
 
 log = logging.getLogger("voxroom.gateway.entries")
@@ -38,17 +38,23 @@ def entry_id_str(entry_id: Any) -> str:
     return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
 
 
+def entry_items(entry: dict[bytes, bytes], codec: int, skip: int = 0) -> list[str | bytes]:
+    """What a client with ``codec`` gets for one entry: one binary frame per slice of a ``chunk``
+    entry (after the first ``skip``: slices it already holds), or a control message's JSON. A
+    malformed entry is logged and gives nothing."""
+    if b"frame" in entry:
+        try:
+            return list(slice_frames(entry, opus=codec == CODEC_OPUS, skip=skip))
+        except ValueError as exc:
+            log.warning("skipping an output entry: %s", exc)
+            return []
+    text = control_message(entry)
+    return [] if text is None else [text]
+
+
 def client_items(entries: list[Any], codec: int) -> list[str | bytes]:
     """What a client with ``codec`` gets for raw ``entries`` (``[[id, [field, value...]]...]``)."""
     items: list[str | bytes] = []
     for _entry_id, flat in entries:
-        entry = fields(flat)
-        frame = entry.get(b"frame")
-        if frame is not None:
-            opus = entry.get(b"opus")
-            items.append(opus if opus is not None and codec == CODEC_OPUS else frame)
-            continue
-        text = control_message(entry)
-        if text is not None:
-            items.append(text)
+        items += entry_items(fields(flat), codec)
     return items

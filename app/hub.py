@@ -41,12 +41,13 @@ from redis.asyncio.cluster import RedisCluster
 from app import catchup
 from app.connection import ClientConnection
 from app.entries import control, entry_id_str, fields
-from app.resume import ResumePoint, stop_here
+from app.resume import ResumePoint, held_slices, stop_here
 from voxroom import keys, metrics
 from voxroom.autopipe import AutoPipeline, Commands
 from voxroom.backoff import REDIS_DOWN, Backoff
 from voxroom.cluster_autopipe import ClusterAutoPipeline
 from voxroom.cluster_reads import ClusterReads
+from voxroom.output_entries import slice_frames
 from voxroom.protocol import CODEC_OPUS, encode_server_message
 from voxroom.supervisor import Supervisor
 
@@ -307,7 +308,8 @@ class RoomHub:
         joined = client.joined_at or "0-0"
         if joined != "0-0":
             entry: Any = await self.control.call("XRANGE", keys.room_output(room), joined, joined)
-            if entry and stop_here(point, fields(entry[0][1])):
+            held = fields(entry[0][1]) if entry else {}
+            if held and stop_here(point, held) and held_slices(point, held) == int(held.get(b"slices", b"1")):
                 return False
         raise ResumeRefused("live audio already went out on this connection: reconnect with ?resume= "
                             "(docs/protocol.md) to get what was missed in order")
@@ -378,12 +380,24 @@ class RoomHub:
         for _entry_id, entry in entries:
             frame = entry.get(b"frame")
             if frame is not None:
-                self.frames_in += 1
                 # Workers encode Opus once per room; a chunk without it (PyAV missing there, or
                 # VOXROOM_OPUS_BITRATE=0) reaches Opus clients as PCM: the codec byte says which.
-                opus = entry.get(b"opus")
+                if b"slices" not in entry:
+                    self.frames_in += 1
+                    opus = entry.get(b"opus")
+                    for client in members:
+                        client.send_audio(opus if opus is not None and client.codec == CODEC_OPUS else frame)
+                    continue
+                try:  # a group of slices (voxroom/output_entries.py): one frame each, in order
+                    pcm = slice_frames(entry)
+                    opus_frames = slice_frames(entry, opus=True) if b"opus" in entry else pcm
+                except ValueError as exc:
+                    log.warning("skipping an output entry of room %s: %s", room, exc)
+                    continue
+                self.frames_in += len(pcm)
                 for client in members:
-                    client.send_audio(opus if opus is not None and client.codec == CODEC_OPUS else frame)
+                    for item in opus_frames if client.codec == CODEC_OPUS else pcm:
+                        client.send_audio(item)
                 continue
             msg = control(entry)
             if msg is None:

@@ -9,10 +9,11 @@ A client that reconnects says what it already received, in the WebSocket URL::
 A room's output stream is delivered to every client in stream order (``start``, slices and the
 ``marks`` before them, ``end``, next utterance), so what a client holds is a prefix of the stream,
 and its *position* is the last entry of that prefix: the latest entry that is this slice (this
-``start``, this ``end``). A ``marks`` entry is never a position: the marks right after the last
-slice a client holds are replayed to it, those before it it already has. The gateway
-finds it by scanning back from the tail (:func:`stop_here` says where the scan ends) and sends the
-client everything after it, then live audio (``app/catchup.py``).
+``start``, this ``end``), or holds it (an entry of several slices: docs/protocol.md; the client
+then gets that entry's later slices first, :func:`held_slices`). A ``marks`` entry is never a
+position: the marks right after the last slice a client holds are replayed to it, those before it
+it already has. The gateway finds it by scanning back from the tail (:func:`stop_here` says where
+the scan ends) and sends the client everything after it, then live audio (``app/catchup.py``).
 
 A worker that died mid-utterance makes a second take of it (``start`` with ``restart``, slices from 0
 again). Scanning back for the exact slice keeps that right when the client held part of the first
@@ -67,8 +68,21 @@ def stop_here(point: ResumePoint, fields: dict[Any, Any]) -> bool:
     if point.has_end:
         return kind == b"end"
     if kind == b"chunk":
-        return point.chunk >= 0 and int(fields.get(b"chunk", b"-1")) == point.chunk
+        return point.chunk >= 0 and 0 <= point.chunk - int(fields.get(b"chunk", b"-1")) < _slices(fields)
     return kind == b"start" and point.chunk < 0
+
+
+def held_slices(point: ResumePoint, fields: dict[Any, Any]) -> int:
+    """How many of the position's slices the client holds, for the entry :func:`stop_here` stopped
+    at: all of them except in a ``chunk`` entry that groups several slices and where the client
+    named one before the last (it holds the group's first ones; the rest are news to it)."""
+    if fields.get(b"kind") != b"chunk" or int(fields.get(b"seq", b"0")) != point.utterance or point.has_end:
+        return _slices(fields)
+    return min(_slices(fields), max(0, point.chunk - int(fields.get(b"chunk", b"-1")) + 1))
+
+
+def _slices(fields: dict[Any, Any]) -> int:
+    return int(fields.get(b"slices", b"1"))
 
 
 def stream_id(entry_id: str | bytes) -> tuple[int, int]:

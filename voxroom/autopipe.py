@@ -128,15 +128,25 @@ class AutoPipeline:
         """As :meth:`group`, with error replies returned in place instead of raised (the cluster
         pipeline, ``voxroom/cluster_autopipe.py``, follows ``MOVED`` and ``ASK`` replies). A
         lost connection still raises."""
+        await self.capacity()
+        return await self.submit(commands)
+
+    async def capacity(self) -> None:
+        """Wait while ``max_inflight`` commands are unanswered (a caller of :meth:`submit` that
+        can await waits here first)."""
         if self._wire is not None and self._wire.inflight >= self.max_inflight:
             await self._wire.drained()
+
+    def submit(self, commands: Sequence[Command]) -> asyncio.Future[list[Any]]:
+        """As :meth:`replies`, for a loop callback that cannot await: the future of the replies
+        (error replies in place). The caller bounds what it submits (see :meth:`capacity`)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[list[Any]] = loop.create_future()
         self._queued.append((commands, future))
         if not self._scheduled:
             self._scheduled = True
             loop.call_soon(self._flush)
-        return await future
+        return future
 
     def _flush(self) -> None:
         self._scheduled = False

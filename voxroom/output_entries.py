@@ -13,12 +13,19 @@ renamed where noted::
     end    seq, chunks, duration_ms, status, code and error (only when failed), pts_ms (where the
            room's audio now ends: for ``voxroom rooms``; clients do not get it)
     chunk  seq, chunk, frame (the binary audio frame), opus (the same slice Opus-encoded; optional)
+
+A ``chunk`` entry may hold several consecutive slices of one utterance (a paced worker publishes
+an utterance's slices after the first in groups, one entry per group: docs/protocol.md):
+``slices`` says how many (absent: one), ``chunk`` is the first one's index, ``frame``/``opus``
+hold the first slice and ``frame1``/``opus1``, ``frame2``/``opus2``... the next ones. Clients get
+one WebSocket frame per slice either way (:func:`slice_frames`). A gateway from before grouped
+entries would send only each group's first slice: upgrade gateways before workers.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from voxroom.protocol import END_STATUSES, ROOM_RATE, End, ErrorCode, Marks, Start
 
@@ -57,6 +64,55 @@ def chunk_fields(seq: int, chunk: int, frame: bytes, opus: bytes | None = None) 
     if opus is not None:
         fields["opus"] = opus
     return fields
+
+
+MAX_GROUP = 8
+"""Most slices in one ``chunk`` entry."""
+FRAME_FIELDS = (b"frame", *(f"frame{i}".encode() for i in range(1, MAX_GROUP)))
+OPUS_FIELDS = (b"opus", *(f"opus{i}".encode() for i in range(1, MAX_GROUP)))
+
+
+def group_fields(seq: int, chunk: int, frames: Sequence[bytes], opus: Sequence[bytes] | None = None) -> EntryFields:
+    """The entry of consecutive slices ``chunk``, ``chunk + 1``... (one to :data:`MAX_GROUP`):
+    their encoded frames, and optionally their Opus copies (one per frame). One slice gives the
+    same entry as :func:`chunk_fields`."""
+    if not 1 <= len(frames) <= MAX_GROUP or (opus is not None and len(opus) != len(frames)):
+        raise ValueError(f"a chunk entry holds 1 to {MAX_GROUP} slices, each with its Opus copy or none")
+    fields: EntryFields = {"kind": "chunk", "seq": seq, "chunk": chunk}
+    if len(frames) > 1:
+        fields["slices"] = len(frames)
+    for i, frame in enumerate(frames):
+        fields[FRAME_FIELDS[i].decode()] = frame
+        if opus is not None:
+            fields[OPUS_FIELDS[i].decode()] = opus[i]
+    return fields
+
+
+def slice_count(fields: Mapping[bytes, bytes]) -> int:
+    """How many slices a ``chunk`` entry (raw, as Redis returns it) holds; ``ValueError`` when
+    its ``slices`` field is not 1 to :data:`MAX_GROUP`."""
+    n = fields.get(b"slices")
+    if n is None:
+        return 1
+    count = int(n)
+    if not 1 <= count <= MAX_GROUP:
+        raise ValueError(f"chunk entry with {count} slices")
+    return count
+
+
+def slice_frames(fields: Mapping[bytes, bytes], opus: bool = False, skip: int = 0) -> list[bytes]:
+    """A ``chunk`` entry's frames as clients get them, one per slice in order, after the first
+    ``skip``: each slice's Opus copy when ``opus`` and the entry has it, its PCM frame otherwise.
+    Raises ``ValueError`` for a malformed entry (a slice without its frame)."""
+    frames: list[bytes] = []
+    for i in range(skip, slice_count(fields)):
+        frame = fields.get(OPUS_FIELDS[i]) if opus else None
+        if frame is None:
+            frame = fields.get(FRAME_FIELDS[i])
+        if frame is None:
+            raise ValueError(f"chunk entry without its slice {i}")
+        frames.append(frame)
+    return frames
 
 
 def control_from_entry(fields: Mapping[bytes, bytes]) -> ControlMessage | None:

@@ -171,16 +171,20 @@ def recent_utterances(r: Client, room: str, count: int = 10) -> list[dict[str, s
 
 
 def output_tail(r: Client, room: str, count: int = 10) -> list[dict[str, str]]:
-    """The room's last output entries without their audio bytes (``frame`` is binary)."""
+    """The room's last output entries without their audio bytes: ``frame``, ``opus`` and a
+    grouped entry's ``frame1``, ``opus1``... are binary, so a row gives their summed size as
+    ``frame_bytes`` (and ``opus_bytes``) instead."""
     rows = []
     entries: Any = r.xrevrange(keys.room_output(room), count=count)
     for entry_id, raw in entries:
         fields = {_s(k): v for k, v in raw.items()}
-        frame = fields.pop("frame", None)
+        sizes: dict[str, int] = {}
+        for name in [k for k in fields if k.startswith(("frame", "opus"))]:
+            kind = "frame_bytes" if name.startswith("frame") else "opus_bytes"
+            sizes[kind] = sizes.get(kind, 0) + len(fields.pop(name))
         row = {k: _s(v) for k, v in fields.items()}
         row["id"] = _s(entry_id)
-        if frame is not None:
-            row["frame_bytes"] = str(len(frame))
+        row.update((k, str(v)) for k, v in sizes.items())
         rows.append(row)
     return rows
 

@@ -31,10 +31,11 @@ import time
 from typing import Any, NamedTuple
 
 from redis.asyncio import BlockingConnectionPool, Redis
-from redis.exceptions import ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import DataError, ResponseError
 
 from voxroom import keys
-from voxroom.autopipe import AutoPipeline
+from voxroom.autopipe import AutoPipeline, redis_error
 from voxroom.cluster_calls import ClusterCalls
 from voxroom.redis_client import POOL_MAX_CONNECTIONS, POOL_WAIT_S
 from voxroom.stream_watcher import StreamWatcher
@@ -75,28 +76,64 @@ end
 """ + ROOM_LUA
 
 _PUBLISH = _PRELUDE + """
--- KEYS: jobs, output, state. ARGV: group, entry id, consumer, window_ms, ttl, only_unset,
--- started ('' for none), maintain ('1': trim and refresh the TTLs), then per entry: its number
--- of field pairs, the pairs.
-if not owned(KEYS[1], ARGV[1], ARGV[2], ARGV[3]) then return 0 end
-local maintain = ARGV[8] == '1'
-local head = {'XADD', KEYS[2], '*'}
-if maintain then head = {'XADD', KEYS[2], 'MINID', '~', minid(ARGV[4]), '*'} end
-local i = 9
-while i <= #ARGV do
-  local n = tonumber(ARGV[i]) * 2
-  local cmd = {unpack(head)}
-  for j = i + 1, i + n do cmd[#cmd + 1] = ARGV[j] end
-  redis.call(unpack(cmd))
-  i = i + n + 1
+-- KEYS: jobs, then per job its output stream and state hash. ARGV: group, consumer, window_ms,
+-- ttl, then per job: entry id, only_unset, started ('' for none), maintain ('1': trim and refresh
+-- the TTLs), its number of entries, then per entry its number of field pairs and the pairs.
+-- Returns per job 1 (written), 0 (not this consumer's: nothing written for it) or the message of
+-- the error one of its commands raised (the other jobs are not affected).
+if redis.replicate_commands then redis.replicate_commands() end
+local group, consumer, window, ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local results = {}
+local trim = nil
+local a = 5
+for j = 1, (#KEYS - 1) / 2 do
+  local out, state = KEYS[2 * j], KEYS[2 * j + 1]
+  local id, only_unset, started = ARGV[a], ARGV[a + 1], ARGV[a + 2]
+  local maintain = ARGV[a + 3] == '1'
+  local first = a + 5
+  local last = first
+  for _ = 1, tonumber(ARGV[a + 4]) do last = last + 1 + tonumber(ARGV[last]) * 2 end
+  a = last
+  if not owned(KEYS[1], group, id, consumer) then
+    results[j] = 0
+  else
+    local ok, err = pcall(function()
+      local head = {'XADD', out, '*'}
+      if maintain then
+        trim = trim or minid(window)
+        head = {'XADD', out, 'MINID', '~', trim, '*'}
+      end
+      local i = first
+      while i < last do
+        local n = tonumber(ARGV[i]) * 2
+        local cmd = {unpack(head)}
+        for k = i + 1, i + n do cmd[#cmd + 1] = ARGV[k] end
+        redis.call(unpack(cmd))
+        i = i + n + 1
+      end
+      if started ~= '' then redis.call('HSET', state, 'started', started) end
+      if maintain then
+        refresh(out, ttl, only_unset)
+        refresh(state, ttl, only_unset)
+      end
+    end)
+    if ok then
+      results[j] = 1
+    elseif type(err) == 'table' then
+      results[j] = tostring(err.err or err)
+    else
+      results[j] = tostring(err)
+    end
+  end
 end
-if ARGV[7] ~= '' then redis.call('HSET', KEYS[3], 'started', ARGV[7]) end
-if maintain then
-  refresh(KEYS[2], ARGV[5], ARGV[6])
-  refresh(KEYS[3], ARGV[5], ARGV[6])
-end
-return 1
+return results
 """
+
+PUBLISH_BATCH_JOBS = 64
+"""Most jobs' publishes in one script. A script runs alone in Redis: 64 rooms' slices hold it
+for about a millisecond and a half; a tick of more rooms is several scripts in one write."""
+PUBLISH_BATCH_ENTRIES = 256
+"""Most entries in one script (an unpaced job may bring 64 slices, each with its Opus copy)."""
 
 MAINTAIN_EVERY_S = 1.0
 """How often one utterance's publishes trim the room's output stream and refresh its keys' TTLs.
@@ -148,6 +185,16 @@ return lost
 """
 
 
+class _Publish(NamedTuple):
+    """One job's entries waiting for the loop turn's publish script."""
+    job: Job
+    entries: list[dict[Any, Any]]
+    started: int | None
+    maintain: bool
+    done: asyncio.Future[bool]
+    """True once written; False when the job is no longer ours."""
+
+
 class WorkerBus:
     def __init__(self, redis: Redis, consumer: str, *, resume_window_ms: int = 120_000,
                  room_idle_ttl_s: int = 3600, cluster: ClusterCalls | None = None,
@@ -177,6 +224,9 @@ class WorkerBus:
         """The job reader's own connection (its reads block; a read asks for at most 2 s)."""
         self.watcher: StreamWatcher | None = None
         """Set by the worker: every turn wait shares its one blocked read."""
+        self._publishes: list[_Publish] = []
+        """Publishes issued in this loop turn, sent together by :meth:`_send_publishes`."""
+        self._publish_scheduled = False
         self._maintained: dict[str, float] = {}
         """Job entry id -> when its publishes last trimmed and refreshed the room's keys. An
         entry leaves on the job's finish or lost ownership; the bound below covers any other end."""
@@ -317,24 +367,86 @@ class WorkerBus:
 
     async def publish(self, job: Job, entries: list[dict[Any, Any]], *, started: int | None = None) -> None:
         """Append output entries for ``job``; ``started``: also record that this seq's start went
-        out. One script: nothing is written unless ``job`` is still ours (:class:`OwnershipLost`)."""
+        out. Nothing is written unless ``job`` is still ours (:class:`OwnershipLost`).
+
+        The publishes of every room issued in one loop turn (a paced tick's slices) leave as one
+        script: Redis runs one script instead of one per room, and a gateway's blocked read of
+        those rooms wakes once for all of them instead of at the first room's entry and again
+        for the rest (docs/benchmarks.md). Each job is still fenced on its own: one job that is
+        no longer ours, or whose write fails, fails only its own publish."""
         if self.jobs is not None:
             if not await self.jobs.publish(job, self.resume_window_ms, started, self._due(job), entries):
                 self._maintained.pop(job.entry_id, None)
                 raise OwnershipLost(job.entry_id)
             return
-        args: list[Any] = ["EVAL", _PUBLISH, 3, keys.JOBS, keys.room_output(job.room), keys.room_state(job.room),
-                           keys.JOBS_GROUP, job.entry_id, self.consumer, *self._room_args(job),
-                           "" if started is None else started, "1" if self._due(job) else "0"]
-        for fields in entries:
-            args.append(len(fields))
-            for name, value in fields.items():
-                args += (name, value)
-        # EVAL, not EVALSHA: Redis caches the compiled script by its digest either way, and a
-        # Redis that restarted empty needs no NOSCRIPT round trip.
-        if not await self.auto.call(*args):
+        await self.auto.capacity()
+        loop = asyncio.get_running_loop()
+        item = _Publish(job, entries, started, self._due(job), loop.create_future())
+        self._publishes.append(item)
+        if not self._publish_scheduled:
+            # Called back after every task woken in this loop turn (a tick's publishers) queued its own.
+            self._publish_scheduled = True
+            loop.call_soon(self._send_publishes)
+        if not await item.done:
             self._maintained.pop(job.entry_id, None)
             raise OwnershipLost(job.entry_id)
+
+    def _send_publishes(self) -> None:
+        self._publish_scheduled = False
+        queued, self._publishes = self._publishes, []
+        batch: list[_Publish] = []
+        entries = 0
+        for item in queued:
+            if batch and (len(batch) >= PUBLISH_BATCH_JOBS or entries + len(item.entries) > PUBLISH_BATCH_ENTRIES):
+                self._send_publish_batch(batch)
+                batch, entries = [], 0
+            batch.append(item)
+            entries += len(item.entries)
+        if batch:
+            self._send_publish_batch(batch)
+
+    def _send_publish_batch(self, batch: list[_Publish]) -> None:
+        script_keys: list[Any] = [keys.JOBS]
+        argv: list[Any] = [keys.JOBS_GROUP, self.consumer, self.resume_window_ms, self.room_idle_ttl_s]
+        for item in batch:
+            job = item.job
+            script_keys += (keys.room_output(job.room), keys.room_state(job.room))
+            private = job.room.startswith(keys.PRIVATE_ROOM_PREFIX)
+            argv += (job.entry_id, "1" if private else "0", "" if item.started is None else item.started,
+                     "1" if item.maintain else "0", len(item.entries))
+            for fields in item.entries:
+                argv.append(len(fields))
+                for name, value in fields.items():
+                    argv += (name, value)
+        # EVAL, not EVALSHA: Redis caches the compiled script by its digest either way, and a
+        # Redis that restarted empty needs no NOSCRIPT round trip.
+        sent = self.auto.submit([("EVAL", _PUBLISH, len(script_keys), *script_keys, *argv)])
+        sent.add_done_callback(lambda done: self._published(batch, done))
+
+    def _published(self, batch: list[_Publish], done: asyncio.Future[list[Any]]) -> None:
+        error: BaseException | None = (RedisConnectionError("publish cancelled") if done.cancelled()
+                                       else done.exception())
+        if isinstance(error, DataError) and len(batch) > 1:
+            # An argument Redis cannot take (it never reached Redis): send each job alone, so
+            # that only the one that holds it fails, as with a script per job.
+            for item in batch:
+                self._send_publish_batch([item])
+            return
+        reply: Any = None
+        if error is None:
+            reply = done.result()[0]
+            if isinstance(reply, ResponseError):
+                error = redis_error(reply)
+        for i, item in enumerate(batch):
+            if item.done.done():  # its publisher was cancelled meanwhile
+                continue
+            if error is not None:
+                item.done.set_exception(error)
+            elif isinstance(reply[i], int):
+                item.done.set_result(bool(reply[i]))
+            else:
+                text = reply[i].decode(errors="replace") if isinstance(reply[i], bytes) else str(reply[i])
+                item.done.set_exception(redis_error(ResponseError(text)))
 
     def _due(self, job: Job) -> bool:
         """Whether this publish of ``job`` should trim and refresh (its first, then once a second)."""

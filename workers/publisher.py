@@ -4,7 +4,10 @@ Utterances of a room may be synthesized in parallel by several contexts (or work
 play in ``seq`` order: an utterance's audio is held (bounded, see ``workers/job.py``) until the
 room's ``next`` says it is its turn. Then its slices are stamped on the room clock right after the
 previous utterance's end (gapless), or ``lead_ms`` from now when the room was quiet, and published
-``lead_ms`` ahead of their presentation time. The client's jitter buffer absorbs the lead.
+``lead_ms`` ahead of their presentation time. The client's jitter buffer absorbs the lead. After
+the first slice, paced slices go out :data:`PACED_GROUP` to an output entry when the engine is
+ahead (voxroom/output_entries.py): every hop pays once per group, and gateways still send one
+frame per slice.
 
 When the engine cannot keep up with real time (ChatTTS on a CPU), a slice would be published after
 its presentation time; instead the rest of the utterance is moved later (a gap the client hears as
@@ -30,7 +33,7 @@ from dataclasses import dataclass, replace
 from voxroom import protocol
 from voxroom.clock import RoomClock
 from voxroom.opus import OpusEncoder
-from voxroom.output_entries import EntryFields, chunk_fields, entry_fields
+from voxroom.output_entries import EntryFields, entry_fields, group_fields
 from voxroom.protocol import CODEC_OPUS, ROOM_RATE, SLICE_SAMPLES, AudioFrame, end_message, start_message
 from workers.bus import Turn, WorkerBus
 from workers.engines import marks as engine_marks
@@ -42,6 +45,9 @@ PACING_TICK_MS = 10.0
 """Paced slices leave up to this much after ``pts - lead`` (the lead, 120 ms, absorbs it)."""
 UNPACED_BATCH = 64
 """Most slices in one pipelined XADD batch when publishing unpaced (about 400 kB with Opus)."""
+PACED_GROUP = 2
+"""Paced slices after an utterance's first travel this many to an output entry (see
+``publish_utterance``): the second leaves 40 ms before its lead, 160 ms before it plays."""
 
 
 @dataclass(slots=True)
@@ -164,28 +170,38 @@ async def publish_utterance(bus: WorkerBus, utt: Utterance, clock: RoomClock, *,
     wanted = opus_bitrate > 0 and state.opus_wanted and first is not None
     encoder = OpusEncoder(bitrate=opus_bitrate) if wanted else None
     words = MarkClock()
+    frames: list[bytes] = []
+    opus_frames: list[bytes] = []
+    """The slices of the group being built (one ``chunk`` entry), and their Opus copies."""
     while item is not None:
         if paced and next_pts < clock.now_ms() + SLICE_MS / 2:
             # The engine fell behind real time: move the rest later rather than publish it late.
             next_pts = clock.now_ms() + lead_ms
             shifts += 1
-        if paced:
+        if paced and not frames:
             # Rounded to a shared tick: rooms' slices due together leave in one pipeline.
             await clock.sleep_until(next_pts - lead_ms, tick_ms=PACING_TICK_MS)
         words.slice_at(next_pts)
         heard = words.due(utt.slices.take_marks())
-        if heard:
+        if heard:  # ahead of the group that holds the slice: words never come after their audio
             pending.append(entry_fields(protocol.marks_message(job.seq, heard)))
         frame = AudioFrame(room=job.room, seq=job.seq, chunk=chunk, pts_us=int(next_pts * 1000),
                            sample_rate=ROOM_RATE, samples=int(item.size), payload=item.tobytes(),
                            first=chunk == 0, last=utt.slices.next_is_end())
-        opus: bytes | None = None
+        frames.append(frame.encode())
         if encoder is not None:
             payload = encoder.encode(item) + (encoder.flush() if frame.last else b"")
-            opus = replace(frame, codec=CODEC_OPUS, payload=payload).encode()
-        pending.append(chunk_fields(job.seq, chunk, frame.encode(), opus))
+            opus_frames.append(replace(frame, codec=CODEC_OPUS, payload=payload).encode())
         chunk += 1
         next_pts += SLICE_MS
+        if paced and chunk > 1 and len(frames) < PACED_GROUP and utt.slices.has_next():
+            # Paced slices after the first travel in groups: the group leaves when its first
+            # slice is due, the next ones that much earlier than the lead (the client's buffer
+            # plays by presentation time). Every hop then pays once per group, not per slice.
+            item = await utt.slices.get()
+            continue
+        pending.append(group_fields(job.seq, chunk - len(frames), frames, opus_frames if encoder else None))
+        frames, opus_frames = [], []
         # Slices that are already due go out in one round trip; otherwise publish this one now.
         # Unpaced, the first slice still goes out alone: it is what the caller waits for.
         due = next_pts - lead_ms <= clock.now_ms() if paced else 1 < chunk and len(pending) < UNPACED_BATCH

@@ -29,6 +29,11 @@ def filled_redis() -> Iterator[str]:
         yield server.url
 
 
+def _slice(chunk: int) -> bytes:
+    return AudioFrame(room="alpha", seq=1, chunk=chunk, pts_us=chunk * 40_000, sample_rate=24_000, samples=960,
+                      payload=b"\x01" * 1920).encode()
+
+
 async def _fill(url: str) -> None:
     r = AsyncRedis.from_url(url, decode_responses=True)
     try:
@@ -42,6 +47,9 @@ async def _fill(url: str) -> None:
                            payload=b"\0" * 1920, first=True).encode()
         await r.xadd(keys.room_output("alpha"), {"kind": "start", "seq": 1, "sender": "carol", "text": "hello there"})
         await r.xadd(keys.room_output("alpha"), {"kind": "chunk", "seq": 1, "chunk": 0, "frame": frame})
+        # A paced pair (workers/publisher.py): two slices in one entry, frame and frame1.
+        await r.xadd(keys.room_output("alpha"), {"kind": "chunk", "seq": 1, "chunk": 1, "slices": 2,
+                                                 "frame": _slice(1), "frame1": _slice(2)})
         await r.expire(keys.room_output("alpha"), 3600)  # as the worker refreshes it when it publishes
         now_ms = time.time() * 1000
         # Stale entries: one two hours old (past the idle TTL), one recent whose keys are all gone.
@@ -94,7 +102,9 @@ async def test_rooms_and_room_tables(filled_redis: str) -> None:
     for expected in ("hello there", "second line", "third line", "dead-worker", "playing", "waiting"):
         assert expected in text, text
     chunk_rows = [line.split() for line in text.splitlines() if line.split()[1:2] == ["chunk"]]
-    assert chunk_rows and chunk_rows[0][-1] == str(32 + 5 + 1920), text  # audio shown as a size only
+    # Audio shown as a size only (newest first): the pair's two frames summed, then the first slice.
+    assert [row[-1] for row in chunk_rows] == [str(len(_slice(1)) + len(_slice(2))), str(32 + 5 + 1920)], text
+    assert "\\x01" not in text and "\x01" not in text, text
 
     for gone in ("nosuchroom", "husk"):
         missing = voxroom(filled_redis, "room", gone)

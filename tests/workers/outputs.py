@@ -43,15 +43,18 @@ class Out:
 
 
 async def read_out(raw: Redis, room: str) -> list[Out]:
-    """The room's output stream, in order (``raw`` must not decode: entries carry audio)."""
+    """The room's output stream, in order, one :class:`Out` per slice as listeners get them
+    (``raw`` must not decode: entries carry audio)."""
     entries: Any = await raw.xrange(keys.room_output(room))
     out = []
     for entry_id, fields in entries:
         f = {k.decode(): v for k, v in fields.items()}
         kind = f["kind"].decode()
-        out.append(Out(entry_id.decode(), kind, int(f["seq"]), chunk=int(f.get("chunk", -1)),
-                       restart=b"restart" in fields, chunks=int(f.get("chunks", -1)),
-                       status=f.get("status", b"").decode()))
+        # A chunk entry may hold several slices (voxroom/output_entries.py): one Out per slice.
+        for i in range(int(f.get("slices", 1)) if kind == "chunk" else 1):
+            out.append(Out(entry_id.decode(), kind, int(f["seq"]), chunk=int(f.get("chunk", -1)) + i,
+                           restart=b"restart" in fields, chunks=int(f.get("chunks", -1)),
+                           status=f.get("status", b"").decode()))
     return out
 
 
