@@ -37,9 +37,9 @@ from typing import Any, Literal
 
 from redis.exceptions import RedisClusterException, RedisError
 
-from app.ingress import _SAY_BODY, SayOutcome, check_wait, wait_replicas
+from app.ingress import _SAY_BODY, SayOutcome, check_wait, one_connection, wait_replicas
 from voxroom import keys
-from voxroom.autopipe import AutoPipeline, Commands
+from voxroom.autopipe import AutoPipeline
 from voxroom.cluster_autopipe import ClusterAutoPipeline
 from voxroom.cluster_calls import Calls
 
@@ -179,7 +179,7 @@ class HandOff:
         """Accept, then hand off. The line is accepted once step 1 answered: a hand-off that
         fails (Redis unavailable) is logged and left to the room's next line or the sweeper.
         With ``wait_replicas``, the replicas' ``WAIT`` runs beside the hand-off (it holds the
-        room node's connection, not the shard's); :class:`app.ingress.NotReplicated` when they
+        room node's connection, not the shard's); :class:`voxroom.errors.NotReplicated` when they
         did not confirm in time, raised after the hand-off: the line is in the primary's
         ``:utt`` and is handed and spoken like any other, only the answer differs."""
         outcome, mark, line = await self.say(room, argv)
@@ -203,19 +203,16 @@ class HandOff:
         so the node is found from the room's key here. A slot moving between the accept and the
         ``WAIT`` (the accept followed an ``ASK`` during a migration) leaves the ``WAIT`` on the old
         node, where it counts that connection's writes, not the line's: a window of the kind a lost
-        connection opens (app/ingress.py, :func:`~app.ingress.wait_replicas`).
-
-        ``_node_of`` and ``_pipe`` are the cluster autopipeline's own routing (no public way to
-        send a keyless command to a chosen node yet)."""
+        connection opens (app/ingress.py, :func:`~app.ingress.wait_replicas`)."""
         calls = self.calls
-        pipe: Commands
+        pipe: AutoPipeline
         if isinstance(calls, ClusterAutoPipeline):
-            pipe = calls._pipe(await calls._node_of(("GET", keys.room_utterances(room))))
+            pipe = await calls.pipe_for(keys.room_utterances(room))
         else:
             assert isinstance(calls, AutoPipeline)  # checked in __init__
             pipe = calls
         await wait_replicas(pipe, room, outcome, replicas=self.wait_replicas, timeout_ms=self.wait_timeout_ms,
-                            room_ttl_s=self.room_idle_ttl_s)
+                            room_ttl_s=self.room_idle_ttl_s, one_connection=one_connection(pipe.redis))
 
     async def _hand_off(self, room: str, mark: RoomMark, line: Line) -> None:
         try:

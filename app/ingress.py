@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Literal
 from redis.asyncio import Redis
 from redis.asyncio.connection import SSLConnection
 from redis.exceptions import ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from voxroom import keys, line_lexicon
 from voxroom.autopipe import AutoPipeline, Commands
 from voxroom.backoff import REDIS_DOWN
+from voxroom.errors import NotReplicated
 from voxroom.settings import Settings
 
 if TYPE_CHECKING:
@@ -131,12 +131,10 @@ return {1, seq}
 #   log does not. A worker from before ignores the field and speaks the line without it.
 
 
-class NotReplicated(RedisTimeoutError):
-    """A line (or the line a ``duplicate`` answers for) is in the primary, but ``WAIT`` did not
-    confirm that the configured number of replicas have it in time. A ``TimeoutError`` of redis-py,
-    so it is one of ``voxroom.backoff.REDIS_DOWN``: the room WebSocket answers ``unavailable`` with
-    ``retry_after_ms`` and the client resends the same seq, which the say script answers
-    ``duplicate`` after a ``WAIT`` of its own. Never ``accepted`` for a line a failover may lose."""
+def one_connection(redis: Redis) -> bool:
+    """Whether an :class:`AutoPipeline` over ``redis`` sends everything on one connection, as it
+    decides: TLS batches go through redis-py's pool instead (see :func:`wait_replicas`)."""
+    return not issubclass(redis.connection_pool.connection_class, SSLConnection)
 
 
 def check_wait(replicas: int, timeout_ms: int, pipeline_timeout_s: float) -> None:
@@ -230,8 +228,7 @@ class Ingress:
         # EVAL, not EVALSHA: Redis caches the compiled script by digest, and a Redis restarted
         # empty needs no NOSCRIPT retry.
         self._auto = AutoPipeline(redis)
-        # As AutoPipeline decides: TLS batches go through redis-py's pool (see wait_replicas).
-        self._one_connection = not issubclass(redis.connection_pool.connection_class, SSLConnection)
+        self._one_connection = one_connection(redis)
         check_wait(wait_replicas, wait_timeout_ms, self._auto.timeout_s)
         self.wait_replicas = wait_replicas
         self.wait_timeout_ms = wait_timeout_ms

@@ -24,7 +24,7 @@ from app.state import GatewayState
 from app.transport import limit_send_buffer
 from voxroom import metrics, protocol
 from voxroom.backoff import REDIS_DOWN
-from voxroom.errors import UnknownVoice
+from voxroom.errors import NotReplicated, UnknownVoice
 from voxroom.protocol import CloseCode, ErrorCode, ProtocolError
 from voxroom.tokens import Grant
 from voxroom.voice_search import resolve_scene
@@ -211,6 +211,14 @@ async def _handle(msg: protocol.ClientMessage, conn: ClientConnection, state: Ga
     try:
         outcome = await state.ingress.say(conn.room, conn.client_id, msg.seq, msg.text, voice.id,
                                            lexicon=msg.lexicon)
+    except NotReplicated as exc:
+        # The line is in the primary (it will be spoken) but WAIT did not confirm the replicas:
+        # not "accepted", as a failover now could lose it. Before REDIS_DOWN, which it is also
+        # part of, so the log does not say "not stored". The client resends the same seq; the
+        # dedupe answers it duplicate once the replicas confirm.
+        log.warning("say in room %s stored in the primary, not confirmed by the replicas: %s", conn.room, exc)
+        raise ProtocolError(ErrorCode.UNAVAILABLE, "storage unavailable; resend later", seq=msg.seq,
+                            retry_after_ms=1000) from None
     except REDIS_DOWN as exc:
         # Redis is restarting, loading, out of memory or unreachable: nothing was written, the
         # client may resend the same seq (dedupe makes that safe) once it is back.

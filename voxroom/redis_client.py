@@ -87,8 +87,19 @@ redis-py's own routing (the reads of ``voxroom/cluster_reads.py`` set their own)
 def cluster_client(url: str, **options: Any) -> RedisCluster:
     """redis-py's ``RedisCluster`` for the cluster ``url`` names one node of; its slot map is read
     (``CLUSTER SLOTS``) on first use. RESP2, as the single-instance clients and the autopipeline
-    speak: raw replies keep one shape. Same URL schemes and options as :func:`from_url`."""
-    return RedisCluster.from_url(url, **{"protocol": 2, "socket_timeout": CLUSTER_SOCKET_TIMEOUT_S, **options})
+    speak: raw replies keep one shape. Same URL schemes and options as :func:`from_url`.
+
+    ``reinitialize_steps=0``: redis-py (8.1) counts the ``MOVED`` replies its ``execute_command``
+    gets and on every ``reinitialize_steps``-th one (default 5) calls ``RedisCluster.aclose()``,
+    which disconnects every connection of every node, commands in flight included: a reshard
+    then failed the gateway hub's blocked room reads ("Connection closed by server"). With 0 a
+    ``MOVED`` only re-points its slot at the node it names (``NodesManager.move_slot``, no
+    connection closed); the whole map is still read again after a connection error and by
+    ``ClusterReads.refresh``, whose ``NodesManager.initialize`` recycles connections lazily, once
+    their command is answered. There is no value that refreshes the whole map on ``MOVED``
+    without the ``aclose()``."""
+    return RedisCluster.from_url(url, **{"protocol": 2, "socket_timeout": CLUSTER_SOCKET_TIMEOUT_S,
+                                         "reinitialize_steps": 0, **options})
 
 
 async def cluster_from_url(url: str, **options: Any) -> RedisCluster:

@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -66,19 +67,19 @@ class RedisClusterProcs:
         for _ in range(2 * PRIMARIES):
             port, bus = free_port(), free_port()
             # cluster-port: the bus port would be port + 10000 otherwise, which nobody checked is free.
-            args = [self.executable, "--port", str(port), "--cluster-port", str(bus), "--bind", "127.0.0.1",
+            args = [self.executable, *self._port_args(port), "--cluster-port", str(bus), "--bind", "127.0.0.1",
                     "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf",
                     "--cluster-node-timeout", "5000", "--dir", str(self.data_dir), "--save", "",
                     "--appendonly", "no", "--protected-mode", "no"]
             # The server's own log: to a file, never a pipe nobody reads (it would fill and block it).
             args += ["--logfile", str(self.data_dir / f"redis-{port}.log")]
             proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
-            self.nodes.append(ClusterNode(port, bus, proc))
+            self.nodes.append(self._node(port, bus, proc))
         deadline = time.monotonic() + START_TIMEOUT_S
         for node in self.nodes:
             self._wait_ping(node, deadline)
         create = subprocess.run(
-            [cli, "--cluster", "create", *[f"127.0.0.1:{n.port}" for n in self.nodes],
+            [cli, *self._cli_args(), "--cluster", "create", *[f"127.0.0.1:{n.port}" for n in self.nodes],
              "--cluster-replicas", "1", "--cluster-yes"],
             capture_output=True, text=True, timeout=START_TIMEOUT_S, check=False)
         if create.returncode != 0:
@@ -88,6 +89,16 @@ class RedisClusterProcs:
                 raise TimeoutError(f"cluster not ok within {START_TIMEOUT_S} s:\n{create.stdout}")
             time.sleep(0.1)
         return self
+
+    # Hooks for a TLS cluster (TlsRedisClusterProcs below): a plain one as before.
+    def _port_args(self, port: int) -> list[str]:
+        return ["--port", str(port)]
+
+    def _node(self, port: int, bus: int, proc: subprocess.Popen[bytes]) -> ClusterNode:
+        return ClusterNode(port, bus, proc)
+
+    def _cli_args(self) -> list[str]:
+        return []
 
     def _wait_ping(self, node: ClusterNode, deadline: float) -> None:
         while True:
@@ -123,6 +134,113 @@ class RedisClusterProcs:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(node.process.pid, signal.SIGKILL)
                 node.process.wait()
+
+
+def replicas_streaming(cluster: RedisClusterProcs, *, timeout_s: float = 15.0) -> None:
+    """Return once every primary's replica acknowledged a write (``WAIT 1``). After the diskless
+    full sync of a new cluster a Redis 7.0 primary streams nothing to its replica until the
+    replica's first ``REPLCONF ACK`` (docs/cluster.md), up to a second later on a busy machine:
+    a test whose first ``WAIT`` must succeed calls this first."""
+    from redis.crc import key_slot
+
+    deadline = time.monotonic() + timeout_s
+    with cluster.nodes[0].client() as r:
+        slots: Any = r.execute_command("CLUSTER", "SLOTS")
+    for start, end, primary, *_ in slots:
+        port, first, last = int(primary[1]), int(start), int(end)
+        key = next(k for k in (f"vx:test:{{streaming-{i}}}" for i in range(100_000))
+                   if first <= key_slot(k.encode()) <= last)
+        node = next(n for n in cluster.nodes if n.port == port)
+        with node.client() as r:
+            r.set(key, "1", ex=60)
+            while int(r.execute_command("WAIT", 1, 200)) < 1:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the replica of {port} acknowledged nothing in {timeout_s} s")
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """A CA and one certificate it signed (``127.0.0.1`` and ``localhost`` as subject names), made
+    with ``openssl``: the nodes' server certificate, also their client certificate on the cluster
+    bus and for replication, and the clients' (``tls-auth-clients`` is on by default)."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+    @classmethod
+    def make(cls, folder: Path) -> TlsFiles:
+        openssl = shutil.which("openssl")
+        if openssl is None:
+            raise RuntimeError("openssl is not on PATH")
+        ca, ca_key = folder / "ca.crt", folder / "ca.key"
+        cert, key, csr, ext = folder / "node.crt", folder / "node.key", folder / "node.csr", folder / "ext.cnf"
+        ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+        for args in (
+                ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", ca_key, "-out", ca, "-days", "2",
+                 "-subj", "/CN=voxroom-test-ca"],
+                ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", csr, "-subj", "/CN=127.0.0.1"],
+                ["x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-out", cert,
+                 "-days", "2", "-extfile", ext]):
+            subprocess.run([openssl, *map(str, args)], capture_output=True, timeout=60, check=True)
+        return cls(ca, cert, key)
+
+    def url_query(self) -> str:
+        """The ``ssl_*`` options of a ``rediss://`` URL (redis-py passes them to its connections)."""
+        return f"ssl_ca_certs={self.ca}&ssl_certfile={self.cert}&ssl_keyfile={self.key}"
+
+
+@dataclass
+class TlsClusterNode(ClusterNode):
+    tls: TlsFiles
+
+    @property
+    def url(self) -> str:
+        return f"rediss://127.0.0.1:{self.port}/0?{self.tls.url_query()}"
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(port=self.port, socket_timeout=5, ssl=True, ssl_ca_certs=str(self.tls.ca),
+                           ssl_certfile=str(self.tls.cert), ssl_keyfile=str(self.tls.key))
+
+
+@dataclass
+class TlsRedisClusterProcs(RedisClusterProcs):
+    """The same 3+3 cluster, TLS only: no plain port (``--port 0``), the cluster bus and the
+    replication over TLS too, every client (nodes included) showing a certificate of the CA."""
+
+    tls: TlsFiles | None = None
+
+    def start(self) -> TlsRedisClusterProcs:
+        self.tls = TlsFiles.make(self.data_dir)
+        super().start()
+        return self
+
+    def _files(self) -> TlsFiles:
+        assert self.tls is not None, "start() makes the certificates"
+        return self.tls
+
+    def _port_args(self, port: int) -> list[str]:
+        tls = self._files()
+        return ["--port", "0", "--tls-port", str(port), "--tls-cluster", "yes", "--tls-replication", "yes",
+                "--tls-cert-file", str(tls.cert), "--tls-key-file", str(tls.key), "--tls-ca-cert-file", str(tls.ca)]
+
+    def _node(self, port: int, bus: int, proc: subprocess.Popen[bytes]) -> ClusterNode:
+        return TlsClusterNode(port, bus, proc, self._files())
+
+    def _cli_args(self) -> list[str]:
+        tls = self._files()
+        return ["--tls", "--cacert", str(tls.ca), "--cert", str(tls.cert), "--key", str(tls.key)]
+
+
+@contextlib.contextmanager
+def tls_cluster() -> Iterator[TlsRedisClusterProcs]:
+    """A TLS cluster of its own (not the package's shared plain one), stopped on exit."""
+    with tempfile.TemporaryDirectory(prefix="voxroom-tls-cluster-") as tmp:
+        cluster = TlsRedisClusterProcs(Path(tmp))
+        try:
+            yield cluster.start()
+        finally:
+            cluster.stop()
 
 
 @pytest.fixture(scope="package")

@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -296,7 +297,13 @@ async def test_speech_api_on_the_cluster(stack: ClusterStack, redis_cluster: Red
         assert resp.status_code == 200, resp.text[:300]
         assert len(resp.content) > ROOM_RATE * 2 * 0.3, len(resp.content)  # int16 mono: some speech
     with RedisCluster.from_url(redis_cluster.url, socket_timeout=5) as rc:
-        # A finished private room is deleted, on whichever node held it.
-        left = [k for node in rc.get_primaries() for k in rc.scan_iter(match=f"{keys.PREFIX}:room:{{_api-*",
-                                                                        target_nodes=node)]
+        # A finished private room is deleted, on whichever node held it: once the response has
+        # ended, which the gateway learns after its last byte left (the client may read it first).
+        deadline = time.monotonic() + 10
+        while True:
+            left = [k for node in rc.get_primaries()
+                    for k in rc.scan_iter(match=f"{keys.PREFIX}:room:{{_api-*", target_nodes=node)]
+            if not left or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
     assert left == [], left

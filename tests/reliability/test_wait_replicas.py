@@ -170,7 +170,8 @@ async def test_accepted_only_once_the_replica_has_the_line_and_a_timeout_is_unav
             spoken = await http.post(url, json=body)
             assert spoken.status_code == 200 and len(spoken.content) > 24_000, spoken.text[:300]
         log = gateway.log_text()
-        assert "not stored, redis unavailable" in log and "replicas confirmed" in log, log[-3000:]
+        assert "stored in the primary, not confirmed by the replicas" in log and "replicas confirmed" in log, log[-3000:]
+        assert "not stored" not in log, log[-3000:]
         assert "speech: redis unavailable" in log, log[-3000:]
         assert "Traceback" not in log, log[-3000:]
     finally:
