@@ -116,7 +116,9 @@ class Settings:
     """One utterance's audio is cut after this long (what a 500-character line of prose takes is
     about 35 s): a hostile line of symbols cannot hold a context, and its room, for minutes."""
     order_wait_ms: int = 30_000
-    """How long an utterance waits for its predecessor in the room before skipping past it."""
+    """How long the room may make no progress (no new output entry, no move of its turn) while an
+    utterance waits for its predecessor, before it skips past it (a line further back waits up to
+    twice as long, so the line right behind a lost one skips first)."""
     lead_ms: int = 120
     """Audio is published this far ahead of its presentation time (the client's buffer)."""
     chattts_dir: str | None = None

@@ -21,7 +21,7 @@ Bounds (and what happens past them):
   pass both bounds, by at most ``inflight`` at a time. They are the lines other rooms' lines wait
   for: when the slots are all held by lines waiting for their turn, and their predecessors can
   only be adopted into this same pool, refusing them would hold every one of those rooms until
-  ``order_wait_ms`` skips past the lost line.
+  ``order_wait_ms`` of silence in the room skips past the lost line.
 
 A context owns its slots, its queue and what it is playing; the work is done by one module per
 job: ``workers/batching.py`` (windowed batches), ``workers/rows.py`` (continuous engines' serving

@@ -99,30 +99,54 @@ class MarkClock:
         return out
 
 
+SKIP_STAGGER_MS = 1000.0
+"""A line waiting for its turn skips past its predecessor this much later per line between them
+(``wait_for_turn``): the line right behind a lost one skips first, the others then wait for it."""
+
+
 async def wait_for_turn(bus: WorkerBus, utt: Utterance, clock: RoomClock,
                         timeout_ms: float) -> tuple[str, Turn]:
     """``("ok", turn)`` when it is this utterance's turn, ``("restart", turn)`` when it is and a
     dead worker had already begun publishing it, ``("stale", _)`` when the room already moved past
-    it (it was skipped), or ``("timeout", _)`` after which the caller skips the predecessor."""
+    it (it was skipped), or ``("timeout", _)`` after ``timeout_ms`` in which the room made no
+    progress at all (no new output entry, no move of ``next``), after which the caller skips the
+    predecessor. A line further back waits :data:`SKIP_STAGGER_MS` longer per line between it and
+    ``next`` (at most ``timeout_ms`` more)."""
     room, seq = utt.job.room, utt.job.seq
     turn = await bus.room_turn(room)  # the common case, a quiet room: one round trip
     if turn.next == seq:
         return ("restart" if turn.started == seq else "ok"), turn
-    deadline = clock.now_ms() + timeout_ms
+    # The wait counts from the room's last progress, not from when this line began to wait. The
+    # skip is for a predecessor nobody will ever publish (its job lost; a dead worker's job is
+    # claimed and restarted instead), and such a room is silent. A room told lines faster than
+    # real time holds more than ``timeout_ms`` of audio ahead of its later lines: counted from the
+    # start of the wait, a line skipped past a predecessor still playing and their audio
+    # interleaved. So every new entry in the output stream, and every move of ``next`` (a skip
+    # writes no entry), starts the wait again.
+    progress_ms = clock.now_ms()
     tail = await bus.output_tail(room)
+    seen_next = turn.next
     while True:
         turn = await bus.room_turn(room)
         if turn.next == seq:
             return ("restart" if turn.started == seq else "ok"), turn
         if turn.next > seq:
             return "stale", turn
-        remaining = deadline - clock.now_ms()
+        if turn.next != seen_next:
+            seen_next, progress_ms = turn.next, clock.now_ms()
+        # Lines waiting together behind a lost one run out of silence together: the one right
+        # behind it skips first, and the move of ``next`` starts the others' wait again, instead of
+        # a line further back skipping past a line that was only waiting too.
+        behind = min((seq - turn.next - 1) * SKIP_STAGGER_MS, timeout_ms)
+        remaining = progress_ms + timeout_ms + behind - clock.now_ms()
         if remaining <= 0:
             return "timeout", turn
         # Every change of ``next`` comes with an ``end`` entry in the output stream, so a blocked
         # read on the stream wakes us exactly when it is worth checking again. The tail was read
         # before the check above, so an ``end`` that lands in between still wakes us.
-        tail = await bus.wait_output(room, tail, int(min(remaining, 1000)))
+        got = await bus.wait_output(room, tail, int(min(remaining, 1000)))
+        if got != tail:
+            tail, progress_ms = got, clock.now_ms()
 
 
 async def publish_utterance(bus: WorkerBus, utt: Utterance, clock: RoomClock, *, lead_ms: float,
@@ -136,15 +160,19 @@ async def publish_utterance(bus: WorkerBus, utt: Utterance, clock: RoomClock, *,
     they exist, in batches of at most :data:`UNPACED_BATCH`; order and framing are unchanged."""
     job = utt.job
     turn, state = await wait_for_turn(bus, utt, clock, order_wait_ms)
+    if turn == "timeout":
+        log.warning("room %s utterance %d: no progress in the room for %.0f ms while it waited for its "
+                    "predecessor; skipping past it", job.room, job.seq, order_wait_ms)
+        await bus.skip_to(job)  # never moves ``next`` back
+        state = await bus.room_turn(job.room)
+        if state.next != job.seq:
+            # A line further back skipped past this one too in the meantime: publishing now would
+            # interleave with it.
+            turn = "stale"
     if turn == "stale":
         utt.cancel.set()
         log.warning("room %s utterance %d arrived after the room moved on; dropped", job.room, job.seq)
         return PublishResult("skipped", 0, 0.0, None, 0)
-    if turn == "timeout":
-        log.warning("room %s utterance %d waited %.0f ms for its predecessor; skipping past it",
-                    job.room, job.seq, order_wait_ms)
-        await bus.skip_to(job)
-        state = await bus.room_turn(job.room)
     end_ms = state.end_ms
 
     # Stamp the start once the first slice exists: stamping earlier would put a slow engine's

@@ -275,8 +275,8 @@ async def test_redis_cli_reshard_of_busy_rooms_loses_nothing(own_cluster: RedisC
                     after += 1
                     if after == 2:  # and two once they have moved
                         return
-                # At the pace they are spoken (about a second a line): a room that queued lines
-                # faster would, past order_wait_ms (30 s) of backlog, skip past a line still playing.
+                # At the pace they are spoken (about a second a line), so that every room has one
+                # line playing and one waiting while its slot moves, not a long backlog.
                 await listener.wait_for(lambda g, at=n: any(m["utterance"] == at for m in g.of("start")), 60)
 
         async def reshard_when_busy() -> tuple[str, float]:
