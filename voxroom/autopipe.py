@@ -28,25 +28,34 @@ and unanswered; callers beyond it wait for replies to drain (back-pressure inste
 unbounded buffer).
 
 For TLS connections (``rediss://``) the same interface runs on redis-py's own pipelines (one per
-loop turn), which keeps the batching but not the leaner path.
+loop turn) on a pool of this pipeline's own (:func:`tls_client`), which keeps the batching but not
+the leaner path. The replies and errors stay the lean path's: raw RESP2 replies (``HGETALL`` a flat
+list, ``EXPIRE`` an integer), error replies whole, in place (``LOADING ...``, not redis-py's
+``BusyLoadingError`` raised for the whole batch), mapped by :func:`redis_error` alike.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 from collections import deque
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 import hiredis
+from redis._parsers import _AsyncHiredisParser
 from redis._parsers.base import BaseParser
-from redis.asyncio import Redis
-from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.connection import AbstractConnection, Connection, SSLConnection, UnixDomainSocketConnection
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import DataError, OutOfMemoryError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from voxroom.redis_client import POOL_MAX_CONNECTIONS, POOL_WAIT_S
 
 log = logging.getLogger("voxroom.autopipe")
 
@@ -82,6 +91,51 @@ def redis_error(reply: ResponseError) -> ResponseError:
     return mapped
 
 
+class _WholeErrors(_AsyncHiredisParser):
+    """redis-py's hiredis parser with error replies as the lean path reads them: a
+    ``ResponseError`` with the whole text, returned in place. redis-py's own ``parse_error`` cuts
+    the first word off (``MovedError("3999 host:port")``, ``OutOfMemoryError("command not
+    allowed...")``, which :func:`redis_error` could no longer map) and makes ``-LOADING`` a
+    ``BusyLoadingError``, a ``ConnectionError`` that it raises: the whole pipeline would fail and
+    the connection close for one command's reply."""
+
+    @classmethod
+    def parse_error(cls, response: str) -> ResponseError:
+        return ResponseError(response)
+
+
+def tls_client(connection_class: type[AbstractConnection], connection_kwargs: dict[str, Any],
+               timeout_s: float) -> Redis:
+    """The redis-py client :class:`AutoPipeline` sends its batches through where it cannot open
+    its lean connection (TLS): ``connection_class`` with ``connection_kwargs`` (host, port, the
+    ``ssl_*`` options...), so that its replies are the lean path's. RESP2 without redis-py's reply
+    callbacks (``HGETALL`` a flat list, ``EXPIRE`` an integer, whatever redis-py's default
+    protocol); error replies whole and in place (:class:`_WholeErrors`); no retry
+    (redis-py 8.1's default too, pinned: a pipeline retried after a lost connection would send
+    commands that may have run again; the lean path fails them instead, once); replies read within
+    the pipeline's ``timeout_s``, not the client's socket timeout (a blocked read may ask for
+    longer); a pool bounded and blocking as ``redis_client.from_url``'s. The caller closes it (``aclose``)."""
+    options = {k: v for k, v in connection_kwargs.items() if k in _CONNECTION_OPTIONS}
+    options |= {"protocol": 2, "socket_timeout": timeout_s, "parser_class": _WholeErrors,
+               "retry": Retry(NoBackoff(), 0)}
+    pool = BlockingConnectionPool(connection_class=connection_class, max_connections=POOL_MAX_CONNECTIONS,
+                                  timeout=POOL_WAIT_S, **options)
+    client = Redis.from_pool(pool)
+    client.response_callbacks.clear()
+    return client
+
+
+SSL_OPTIONS = frozenset(inspect.signature(SSLConnection.__init__).parameters) - {"self", "kwargs"}
+"""The ``ssl_*`` keyword arguments redis-py's ``SSLConnection`` takes (they vary by version)."""
+
+_CONNECTION_OPTIONS = SSL_OPTIONS | {
+    "host", "port", "db", "username", "password", "credential_provider", "client_name", "decode_responses",
+    "encoding", "encoding_errors", "socket_connect_timeout", "socket_keepalive", "socket_keepalive_options"}
+"""What :func:`tls_client` takes over from a pool's connection options: the server, the login and
+TLS. Not the rest: redis-py's pool puts its own objects there (its RESP3 maintenance notification
+handler, which a RESP2 connection refuses)."""
+
+
 class Commands(Protocol):
     """What callers of an autopipeline use: :class:`AutoPipeline` on one Redis, or
     ``voxroom.cluster_autopipe.ClusterAutoPipeline`` (one of those per node) on a cluster."""
@@ -107,6 +161,7 @@ class AutoPipeline:
         lean = issubclass(cls, UnixDomainSocketConnection) or (
             issubclass(cls, Connection) and not issubclass(cls, SSLConnection))
         self._wire: _Wire | None = _Wire(pool.connection_kwargs, timeout_s) if lean else None
+        self._tls: Redis | None = None if lean else tls_client(cls, pool.connection_kwargs, timeout_s)
         self._batches: set[asyncio.Task[None]] = set()
         self.batches_sent = 0
         self.commands_sent = 0
@@ -167,7 +222,8 @@ class AutoPipeline:
             if self._wire is not None:
                 self._wire.send(batch)
             else:
-                task = asyncio.create_task(_send_redis_py(self.redis, batch), name="autopipe:batch")
+                assert self._tls is not None
+                task = asyncio.create_task(_send_redis_py(self._tls, batch), name="autopipe:batch")
                 self._batches.add(task)
                 task.add_done_callback(self._batches.discard)
 
@@ -176,6 +232,8 @@ class AutoPipeline:
             await asyncio.gather(*self._batches, return_exceptions=True)
         if self._wire is not None:
             await self._wire.close()
+        if self._tls is not None:
+            await self._tls.aclose()
 
 
 class _Wire:

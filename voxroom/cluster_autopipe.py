@@ -8,7 +8,8 @@ group's order: ordered per node, not across nodes (a group is not atomic on one 
 commands of one room always lie on one node).
 
 On TLS nodes (``rediss://``) each node's pipeline sends its batches through a redis-py pool of
-that node instead of one connection (:func:`_node_client`), with the cluster client's TLS options.
+that node instead of one connection (``voxroom.autopipe.tls_client``), with the cluster client's
+TLS options (:func:`_node_client`): raw replies and whole error replies, as on a plain node.
 
 Routing needs the key of each command, found here without asking Redis (redis-py's cluster
 client asks ``COMMAND GETKEYS`` for ``XREAD``, a round trip per command): the first argument,
@@ -33,23 +34,21 @@ so sending it again is safe; a connection lost with commands in flight is the am
 from __future__ import annotations
 
 import asyncio
-import inspect
 from collections.abc import Sequence
 from typing import Any
 
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import SSLConnection
 from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, ResponseError, SlotNotCoveredError
+from redis.exceptions import ResponseError, SlotNotCoveredError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from voxroom.autopipe import AutoPipeline, Command, redis_error
+from voxroom.autopipe import SSL_OPTIONS, AutoPipeline, Command, redis_error
 from voxroom.backoff import Backoff
 from voxroom.cluster_calls import REDIRECT_BUDGET_S, TRYAGAIN_CAP_S, TRYAGAIN_FIRST_S
 from voxroom.cluster_reads import ClusterReads
-from voxroom.redis_client import POOL_MAX_CONNECTIONS, POOL_WAIT_S
 
 MAX_REDIRECTS = 16
 """``MOVED``/``ASK`` followed for one command before the last error reply stands: a command of a
@@ -92,13 +91,10 @@ class ClusterAutoPipeline:
     def _pipe(self, node: ClusterNode) -> AutoPipeline:
         pipe = self._pipes.get(node.name)
         if pipe is None:
-            pipe = AutoPipeline(_node_client(node, self.timeout_s), timeout_s=self.timeout_s,
+            pipe = AutoPipeline(_node_client(node), timeout_s=self.timeout_s,
                                 max_inflight=self.max_inflight)
             self._pipes[node.name] = pipe
         return pipe
-
-    async def _replies(self, pipe: AutoPipeline, commands: Sequence[Command]) -> list[Any]:
-        return [_plain_error(reply) for reply in await pipe.replies(commands)]
 
     async def _node_of(self, command: Command) -> ClusterNode:
         key = command_key(command)
@@ -142,7 +138,7 @@ class ClusterAutoPipeline:
             parts.setdefault(node.name, (node, []))[1].append(i)
         replies: list[Any] = [None] * len(commands)
         try:
-            results = await asyncio.gather(*(self._replies(self._pipe(node), [commands[i] for i in at])
+            results = await asyncio.gather(*(self._pipe(node).replies([commands[i] for i in at])
                                              for node, at in parts.values()))
         except (RedisConnectionError, RedisTimeoutError, OSError):
             # That node may be gone (a failover): the next command is routed on a fresh map.
@@ -172,7 +168,7 @@ class ClusterAutoPipeline:
                 if loop.time() + backoff.delay > deadline:
                     return reply
                 await backoff.wait()
-                reply = (await self._replies(self._pipe(await self._node_of(command)), [command]))[0]
+                reply = (await self._pipe(await self._node_of(command)).replies([command]))[0]
                 if not _retry(reply):
                     return reply
                 continue
@@ -183,7 +179,7 @@ class ClusterAutoPipeline:
             self.reads.redirects += 1
             if kind == "MOVED":
                 await self.reads.refresh()
-                reply = (await self._replies(self._pipe(await self._node_of(command)), [command]))[0]
+                reply = (await self._pipe(await self._node_of(command)).replies([command]))[0]
             else:
                 host, _, port = address.rpartition(":")
                 target = self.cluster.get_node(host=host, port=int(port))
@@ -192,27 +188,20 @@ class ClusterAutoPipeline:
                     target = self.cluster.get_node(host=host, port=int(port))
                 if target is None:
                     return reply
-                reply = (await self._replies(self._pipe(target), [("ASKING",), command]))[1]
+                reply = (await self._pipe(target).replies([("ASKING",), command]))[1]
             if not _retry(reply):
                 return reply
 
     async def aclose(self) -> None:
         pipes, self._pipes = list(self._pipes.values()), {}
         await asyncio.gather(*(p.aclose() for p in pipes), return_exceptions=True)
-        # The TLS pipelines' pools (_node_client); a plain one's client never opened a connection.
-        await asyncio.gather(*(p.redis.aclose() for p in pipes), return_exceptions=True)
 
 
-def _node_client(node: ClusterNode, timeout_s: float) -> Redis:
+def _node_client(node: ClusterNode) -> Redis:
     """A client that only carries ``node``'s connection settings, those the cluster client was
-    given (``rediss://``: TLS with its ``ssl_*`` options, client certificate included).
-
-    Plain TCP: :class:`AutoPipeline` opens its own single connection from them. TLS:
-    ``AutoPipeline`` sends each loop turn's batch as a redis-py pipeline on this client's pool
-    instead (voxroom/autopipe.py), so the pool is bounded and blocking as ``redis_client.from_url``'s,
-    replies are read within ``timeout_s`` (redis-py's default is no timeout: a silent node would
-    hold a batch for ever), and it speaks RESP2 without redis-py's reply callbacks: the callers read
-    the raw replies the single connection gives (``HGETALL`` a flat list, ``EXPIRE`` an integer)."""
+    given (``rediss://``: TLS with its ``ssl_*`` options, client certificate included); it never
+    opens a connection itself. :class:`AutoPipeline` opens its own from them: one lean connection
+    on plain TCP, its own redis-py pool on TLS (``voxroom.autopipe.tls_client``)."""
     kw = node.connection_kwargs
     common: dict[str, Any] = {"host": node.host, "port": int(node.port), "username": kw.get("username"),
                               "password": kw.get("password"), "decode_responses": bool(kw.get("decode_responses")),
@@ -220,29 +209,8 @@ def _node_client(node: ClusterNode, timeout_s: float) -> Redis:
     connection_class = node.connection_class
     if not issubclass(connection_class, SSLConnection):
         return Redis(**common)
-    tls = {k: v for k, v in kw.items() if k in _SSL_OPTIONS}
-    # RESP2 whatever redis-py's default: the single connection speaks it (HGETALL a flat list).
-    pool = BlockingConnectionPool(connection_class=connection_class, max_connections=POOL_MAX_CONNECTIONS,
-                                  timeout=POOL_WAIT_S, socket_timeout=timeout_s, protocol=2, **common, **tls)
-    client = Redis.from_pool(pool)
-    client.response_callbacks.clear()
-    return client
-
-
-_SSL_OPTIONS = frozenset(inspect.signature(SSLConnection.__init__).parameters) - {"self", "kwargs"}
-"""The ``ssl_*`` keyword arguments redis-py's ``SSLConnection`` takes (they vary by version)."""
-
-
-def _plain_error(reply: Any) -> Any:
-    """An error reply as the single connection gives it, its whole text in a ``ResponseError``
-    (``MOVED 3999 host:port``). redis-py's parser (the TLS path) cuts the first word off and keeps
-    it as ``status_code`` (``MovedError("3999 host:port")``): :func:`_retry`,
-    :meth:`ClusterAutoPipeline._follow` and ``redis_error`` (``-LOADING`` as ``BusyLoadingError``,
-    one of ``REDIS_DOWN``) read the whole text."""
-    code = getattr(reply, "status_code", None)
-    if isinstance(reply, RedisError) and code:  # BusyLoadingError is a ConnectionError there
-        return ResponseError(f"{code} {reply}")
-    return reply
+    tls = {k: v for k, v in kw.items() if k in SSL_OPTIONS}
+    return Redis.from_pool(ConnectionPool(connection_class=connection_class, **common, **tls))
 
 
 def _retry(reply: Any) -> bool:

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import redis
 
+from tests.support.tls import TlsFiles
 from voxroom.redis_server import RedisServer, find_redis_server, free_port
 
 PRIMARIES = 3
@@ -158,38 +159,6 @@ def replicas_streaming(cluster: RedisClusterProcs, *, timeout_s: float = 15.0) -
                     raise TimeoutError(f"the replica of {port} acknowledged nothing in {timeout_s} s")
 
 
-@dataclass(frozen=True)
-class TlsFiles:
-    """A CA and one certificate it signed (``127.0.0.1`` and ``localhost`` as subject names), made
-    with ``openssl``: the nodes' server certificate, also their client certificate on the cluster
-    bus and for replication, and the clients' (``tls-auth-clients`` is on by default)."""
-
-    ca: Path
-    cert: Path
-    key: Path
-
-    @classmethod
-    def make(cls, folder: Path) -> TlsFiles:
-        openssl = shutil.which("openssl")
-        if openssl is None:
-            raise RuntimeError("openssl is not on PATH")
-        ca, ca_key = folder / "ca.crt", folder / "ca.key"
-        cert, key, csr, ext = folder / "node.crt", folder / "node.key", folder / "node.csr", folder / "ext.cnf"
-        ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-        for args in (
-                ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", ca_key, "-out", ca, "-days", "2",
-                 "-subj", "/CN=voxroom-test-ca"],
-                ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", csr, "-subj", "/CN=127.0.0.1"],
-                ["x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-out", cert,
-                 "-days", "2", "-extfile", ext]):
-            subprocess.run([openssl, *map(str, args)], capture_output=True, timeout=60, check=True)
-        return cls(ca, cert, key)
-
-    def url_query(self) -> str:
-        """The ``ssl_*`` options of a ``rediss://`` URL (redis-py passes them to its connections)."""
-        return f"ssl_ca_certs={self.ca}&ssl_certfile={self.cert}&ssl_keyfile={self.key}"
-
-
 @dataclass
 class TlsClusterNode(ClusterNode):
     tls: TlsFiles
@@ -222,7 +191,7 @@ class TlsRedisClusterProcs(RedisClusterProcs):
     def _port_args(self, port: int) -> list[str]:
         tls = self._files()
         return ["--port", "0", "--tls-port", str(port), "--tls-cluster", "yes", "--tls-replication", "yes",
-                "--tls-cert-file", str(tls.cert), "--tls-key-file", str(tls.key), "--tls-ca-cert-file", str(tls.ca)]
+                *tls.server_args()]
 
     def _node(self, port: int, bus: int, proc: subprocess.Popen[bytes]) -> ClusterNode:
         return TlsClusterNode(port, bus, proc, self._files())

@@ -3,7 +3,8 @@ cluster bus and replication over TLS, every client showing a certificate of the 
 
 - The per-node autopipeline (``voxroom/cluster_autopipe.py``) opens its nodes with the cluster
   client's TLS options (CA, client certificate): its commands answer, raw as on a plain node, and
-  a ``MOVED`` (redis-py's parser, which the TLS path goes through, cuts its first word) is followed.
+  a ``MOVED`` is followed (error replies keep their whole text over TLS:
+  tests/reliability/test_redis_tls.py).
 - A gateway and a worker, each with ``REDIS_URL`` naming a different node, speak lines to a
   listener in rooms on every primary, each heard whole, once, in order; the gateway answers
   ``accepted`` only once a replica confirmed the line (``VOXROOM_REDIS_WAIT_REPLICAS=1``: the
@@ -132,23 +133,3 @@ async def test_gateway_and_worker_speak_over_tls(tls: TlsRedisClusterProcs,
         for proc in procs:
             proc.stop()
 
-
-def test_error_replies_keep_their_whole_text() -> None:
-    """redis-py's parser (the TLS path) cuts an error reply's first word off: put back, a
-    redirection is followed and ``-LOADING``/``-READONLY`` stay "Redis down" by their class."""
-    from redis._parsers.base import BaseParser
-    from redis.exceptions import ResponseError
-
-    from voxroom.autopipe import redis_error
-    from voxroom.backoff import REDIS_DOWN
-    from voxroom.cluster_autopipe import _plain_error
-
-    for text in ("MOVED 3999 127.0.0.1:7001", "ASK 3999 127.0.0.1:7001", "TRYAGAIN Multiple keys request",
-                 "LOADING Redis is loading the dataset in memory", "READONLY You can't write against a replica.",
-                 "ERR unknown command"):
-        parsed = BaseParser.parse_error(text)  # type: ignore[no-untyped-call]  # as redis-py's pipeline returns it
-        assert str(parsed) != text
-        plain = _plain_error(parsed)
-        assert type(plain) is ResponseError and str(plain) == text
-        assert isinstance(redis_error(plain), REDIS_DOWN) == text.startswith(("TRYAGAIN", "LOADING", "READONLY"))
-        assert _plain_error(ResponseError(text)).args == (text,)  # the single connection's: unchanged
