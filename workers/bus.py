@@ -10,7 +10,9 @@ the group's pending list names for it (``XPENDING vx:jobs workers <id> <id> 1``)
 for a job (its slices, its ``end`` and turn handover, a skip past a late predecessor, its ``XACK``,
 the refresh of its idle time) is a script that first checks that the pending list still names this
 consumer, and does nothing otherwise: the stale worker's writes are refused by Redis, atomically
-with the check. The caller then drops the job silently (:class:`OwnershipLost`).
+with the check. The caller then drops the job silently (:class:`OwnershipLost`). The slices and
+the ``end`` are also refused when the room's ``next`` is no longer the job's seq (a later line
+skipped past it): :class:`TurnLost`, the line dropped as stale and acked.
 
 **Room keys expire.** An utterance's first publish, then one a second, and its finish refresh
 ``EXPIRE room_idle_ttl_s`` on the room's output stream and state hash, and trim the output stream
@@ -40,7 +42,7 @@ from voxroom.cluster_calls import ClusterCalls
 from voxroom.redis_client import POOL_MAX_CONNECTIONS, POOL_WAIT_S
 from voxroom.stream_watcher import StreamWatcher
 from workers.job import Job
-from workers.room_lua import ROOM_LUA
+from workers.room_lua import ROOM_LUA, TURN_LUA
 from workers.shards import ShardedJobs
 
 log = logging.getLogger("voxroom.worker.bus")
@@ -52,6 +54,14 @@ class OwnershipLost(Exception):
     """Redis refused a write for a job: another worker claimed it while this one was not
     looking (paused, or cut off from Redis past the claim time). Drop the job: no more writes,
     no ack (the new owner acks it)."""
+
+
+class TurnLost(OwnershipLost):
+    """Redis refused a write for a job that is still ours because the room's turn is no longer
+    its line's: ``next`` moved past its seq (a later line skipped past it, see
+    ``workers/publisher.py``) after its turn check. Nothing of that write landed: it would have
+    interleaved with the line that skipped. The publisher drops the line as stale and acks it;
+    anything else that sees it treats it as :class:`OwnershipLost` (no more writes)."""
 
 
 class Turn(NamedTuple):
@@ -73,14 +83,16 @@ local function owned(jobs, group, id, consumer)
   if type(p) ~= 'table' or p.err then return false end
   return p[1] ~= nil and p[1][2] == consumer
 end
-""" + ROOM_LUA
+""" + ROOM_LUA + TURN_LUA
 
 _PUBLISH = _PRELUDE + """
 -- KEYS: jobs, then per job its output stream and state hash. ARGV: group, consumer, window_ms,
--- ttl, then per job: entry id, only_unset, started ('' for none), maintain ('1': trim and refresh
--- the TTLs), its number of entries, then per entry its number of field pairs and the pairs.
--- Returns per job 1 (written), 0 (not this consumer's: nothing written for it) or the message of
--- the error one of its commands raised (the other jobs are not affected).
+-- ttl, then per job: entry id, seq, only_unset, started ('' for none), maintain ('1': trim and
+-- refresh the TTLs), its number of entries, then per entry its number of field pairs and the pairs.
+-- Returns per job 1 (written), 0 (not this consumer's: nothing written for it), -1 (ours, but the
+-- room's next is not its seq any more: skipped past, nothing written) or the message of the error
+-- one of its commands raised (the other jobs are not affected).
+-- Cost per job: one XPENDING and one HGET (the turn), whatever its number of entries.
 if redis.replicate_commands then redis.replicate_commands() end
 local group, consumer, window, ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local results = {}
@@ -88,14 +100,16 @@ local trim = nil
 local a = 5
 for j = 1, (#KEYS - 1) / 2 do
   local out, state = KEYS[2 * j], KEYS[2 * j + 1]
-  local id, only_unset, started = ARGV[a], ARGV[a + 1], ARGV[a + 2]
-  local maintain = ARGV[a + 3] == '1'
-  local first = a + 5
+  local id, seq, only_unset, started = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
+  local maintain = ARGV[a + 4] == '1'
+  local first = a + 6
   local last = first
-  for _ = 1, tonumber(ARGV[a + 4]) do last = last + 1 + tonumber(ARGV[last]) * 2 end
+  for _ = 1, tonumber(ARGV[a + 5]) do last = last + 1 + tonumber(ARGV[last]) * 2 end
   a = last
   if not owned(KEYS[1], group, id, consumer) then
     results[j] = 0
+  elseif not our_turn(state, seq) then
+    results[j] = -1
   else
     local ok, err = pcall(function()
       local head = {'XADD', out, '*'}
@@ -144,10 +158,14 @@ per line at 100 rooms (docs/benchmarks.md)."""
 _FINISH = _PRELUDE + """
 -- KEYS: jobs, output, state. ARGV: group, entry id, consumer, window_ms, ttl, only_unset, next,
 -- end_ms, then the end entry's field pairs. The end, the turn handover and the ack are one step.
+-- Returns 1, 0 (not ours) or -1 (ours, but the room's next is not this line's seq: nothing
+-- written, not acked). So ``next`` only ever moves from this seq to the one after it: never back,
+-- never past a line that skipped past this one and may be playing. The turn check is the HGET of
+-- ``next`` this script always made.
 if not owned(KEYS[1], ARGV[1], ARGV[2], ARGV[3]) then return 0 end
+if not our_turn(KEYS[3], tonumber(ARGV[7]) - 1) then return -1 end
 redis.call('XADD', KEYS[2], 'MINID', '~', minid(ARGV[4]), '*', unpack(ARGV, 9))
-local n = tonumber(redis.call('HGET', KEYS[3], 'next') or '1')
-if n < tonumber(ARGV[7]) then redis.call('HSET', KEYS[3], 'next', ARGV[7]) end
+redis.call('HSET', KEYS[3], 'next', ARGV[7])
 local e = tonumber(redis.call('HGET', KEYS[3], 'end_ms') or '0')
 if e < tonumber(ARGV[8]) then redis.call('HSET', KEYS[3], 'end_ms', ARGV[8]) end
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
@@ -191,8 +209,8 @@ class _Publish(NamedTuple):
     entries: list[dict[Any, Any]]
     started: int | None
     maintain: bool
-    done: asyncio.Future[bool]
-    """True once written; False when the job is no longer ours."""
+    done: asyncio.Future[int]
+    """The script's reply for the job: 1 written, 0 no longer ours, -1 its turn is gone."""
 
 
 class WorkerBus:
@@ -367,7 +385,8 @@ class WorkerBus:
 
     async def publish(self, job: Job, entries: list[dict[Any, Any]], *, started: int | None = None) -> None:
         """Append output entries for ``job``; ``started``: also record that this seq's start went
-        out. Nothing is written unless ``job`` is still ours (:class:`OwnershipLost`).
+        out. Nothing is written unless ``job`` is still ours (:class:`OwnershipLost`) and the
+        room's ``next`` is still its seq (:class:`TurnLost`: a later line skipped past it).
 
         The publishes of every room issued in one loop turn (a paced tick's slices) leave as one
         script: Redis runs one script instead of one per room, and a gateway's blocked read of
@@ -375,9 +394,8 @@ class WorkerBus:
         for the rest (docs/benchmarks.md). Each job is still fenced on its own: one job that is
         no longer ours, or whose write fails, fails only its own publish."""
         if self.jobs is not None:
-            if not await self.jobs.publish(job, self.resume_window_ms, started, self._due(job), entries):
-                self._maintained.pop(job.entry_id, None)
-                raise OwnershipLost(job.entry_id)
+            _raise_refused(await self.jobs.publish(job, self.resume_window_ms, started, self._due(job), entries),
+                           job, self._maintained)
             return
         await self.auto.capacity()
         loop = asyncio.get_running_loop()
@@ -387,9 +405,7 @@ class WorkerBus:
             # Called back after every task woken in this loop turn (a tick's publishers) queued its own.
             self._publish_scheduled = True
             loop.call_soon(self._send_publishes)
-        if not await item.done:
-            self._maintained.pop(job.entry_id, None)
-            raise OwnershipLost(job.entry_id)
+        _raise_refused(await item.done, job, self._maintained)
 
     def _send_publishes(self) -> None:
         self._publish_scheduled = False
@@ -412,7 +428,7 @@ class WorkerBus:
             job = item.job
             script_keys += (keys.room_output(job.room), keys.room_state(job.room))
             private = job.room.startswith(keys.PRIVATE_ROOM_PREFIX)
-            argv += (job.entry_id, "1" if private else "0", "" if item.started is None else item.started,
+            argv += (job.entry_id, job.seq, "1" if private else "0", "" if item.started is None else item.started,
                      "1" if item.maintain else "0", len(item.entries))
             for fields in item.entries:
                 argv.append(len(fields))
@@ -443,7 +459,7 @@ class WorkerBus:
             if error is not None:
                 item.done.set_exception(error)
             elif isinstance(reply[i], int):
-                item.done.set_result(bool(reply[i]))
+                item.done.set_result(reply[i])
             else:
                 text = reply[i].decode(errors="replace") if isinstance(reply[i], bytes) else str(reply[i])
                 item.done.set_exception(redis_error(ResponseError(text)))
@@ -461,20 +477,21 @@ class WorkerBus:
 
     async def finish(self, job: Job, end_fields: dict[str, Any], end_ms: float) -> None:
         """Publish the ``end`` entry, pass the room's turn on and ack the job, atomically and
-        only while ``job`` is ours (:class:`OwnershipLost` otherwise). ``next`` and ``end_ms``
-        only move forward: a late utterance that was skipped past must not rewind the room."""
+        only while ``job`` is ours (:class:`OwnershipLost` otherwise) and the room's ``next`` is
+        still its seq (:class:`TurnLost` otherwise: a line skipped past it, nothing written, the
+        caller acks it). ``next`` moves from its seq to the one after, never back and never past
+        the line that skipped; ``end_ms`` only moves forward."""
         self._maintained.pop(job.entry_id, None)  # the end always trims and refreshes
         if self.jobs is not None:
-            if not await self.jobs.finish(job, self.resume_window_ms, end_ms, end_fields):
-                raise OwnershipLost(job.entry_id)
+            _raise_refused(await self.jobs.finish(job, self.resume_window_ms, end_ms, end_fields), job, None)
             return
         flat: list[Any] = []
         for name, value in end_fields.items():
             flat += [name, value]
-        if not await self.auto.call("EVAL", _FINISH, 3, keys.JOBS, keys.room_output(job.room),
-                                    keys.room_state(job.room), keys.JOBS_GROUP, job.entry_id, self.consumer,
-                                    *self._room_args(job), job.seq + 1, f"{end_ms:.3f}", *flat):
-            raise OwnershipLost(job.entry_id)
+        done: Any = await self.auto.call("EVAL", _FINISH, 3, keys.JOBS, keys.room_output(job.room),
+                                         keys.room_state(job.room), keys.JOBS_GROUP, job.entry_id, self.consumer,
+                                         *self._room_args(job), job.seq + 1, f"{end_ms:.3f}", *flat)
+        _raise_refused(int(done), job, None)
 
     # -- worker registry -----------------------------------------------------------------------
 
@@ -503,6 +520,18 @@ class WorkerBus:
             await self.cluster.call("ZREM", keys.WORKERS, worker_id)
             return
         await self.auto.group([("DEL", keys.worker_heartbeat(worker_id)), ("ZREM", keys.WORKERS, worker_id)])
+
+
+def _raise_refused(reply: int, job: Job, maintained: dict[str, float] | None) -> None:
+    """A write script's reply for ``job``: 1 written; 0 :class:`OwnershipLost`; -1
+    :class:`TurnLost`. A refused job's maintenance record goes (no more writes follow)."""
+    if reply == 1:
+        return
+    if maintained is not None:
+        maintained.pop(job.entry_id, None)
+    if reply == -1:
+        raise TurnLost(f"{job.entry_id}: room {job.room} moved past seq {job.seq}")
+    raise OwnershipLost(job.entry_id)
 
 
 def _last_read_id(resp: Any, after_id: str) -> str:

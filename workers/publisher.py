@@ -21,7 +21,9 @@ words when the piece is done: slower than real time, they go out with the next s
 
 Every write goes through a script that checks the job is still this worker's (``workers/bus.py``):
 when another worker took it over, :class:`workers.bus.OwnershipLost` ends the publishing at once
-and nothing more of this take reaches the room.
+and nothing more of this take reaches the room. The same scripts check that the room's ``next``
+is still this line's seq: when a later line skipped past it after its turn check,
+:class:`workers.bus.TurnLost` ends it the same way, and the line is dropped as stale.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from voxroom.clock import RoomClock
 from voxroom.opus import OpusEncoder
 from voxroom.output_entries import EntryFields, entry_fields, group_fields
 from voxroom.protocol import CODEC_OPUS, ROOM_RATE, SLICE_SAMPLES, AudioFrame, end_message, start_message
-from workers.bus import Turn, WorkerBus
+from workers.bus import Turn, TurnLost, WorkerBus
 from workers.engines import marks as engine_marks
 from workers.job import Utterance
 
@@ -157,7 +159,27 @@ async def publish_utterance(bus: WorkerBus, utt: Utterance, clock: RoomClock, *,
     encoding per room, whatever the number of gateways and listeners.
 
     ``paced=False`` (private API rooms, which nobody plays in real time): slices go out as soon as
-    they exist, in batches of at most :data:`UNPACED_BATCH`; order and framing are unchanged."""
+    they exist, in batches of at most :data:`UNPACED_BATCH`; order and framing are unchanged.
+
+    ``status == "skipped"``: the room moved past the line (before it began, or, refused by Redis,
+    while it played); the caller acks its job. Raises :class:`workers.bus.OwnershipLost` when
+    the job is another worker's."""
+    try:
+        return await _publish_utterance(bus, utt, clock, lead_ms=lead_ms, order_wait_ms=order_wait_ms,
+                                        voice_name=voice_name, opus_bitrate=opus_bitrate, paced=paced)
+    except TurnLost:
+        # Passed its turn check, then a later line skipped past it (it was silent longer than that
+        # line's wait): Redis refused the write, and everything after it, atomically. Whatever of
+        # it went out before stays; the rest would have interleaved with the line now playing.
+        utt.cancel.set()
+        log.warning("room %s utterance %d: a later line skipped past it while it was to play; dropped as "
+                    "stale", utt.job.room, utt.job.seq)
+        return PublishResult("skipped", 0, 0.0, None, 0)
+
+
+async def _publish_utterance(bus: WorkerBus, utt: Utterance, clock: RoomClock, *, lead_ms: float,
+                             order_wait_ms: float, voice_name: str, opus_bitrate: int,
+                             paced: bool) -> PublishResult:
     job = utt.job
     turn, state = await wait_for_turn(bus, utt, clock, order_wait_ms)
     if turn == "timeout":

@@ -19,7 +19,9 @@ job's shard (``vx:jobs:{jK}``, docs/cluster.md) lie in different slots, so:
   (the same line handed twice: ours is a duplicate and is acked at once). Every room write of the
   job (its slices, the skip past a late predecessor, the end and turn handover) is a script that
   first checks that the field still holds our token: a worker that lost its job writes nothing
-  more to the room, atomically with the check, as on a single instance.
+  more to the room, atomically with the check, as on a single instance. The slices and the end
+  also check that the room's ``next`` is still the line's seq (the same slot): a line a later line
+  skipped past is refused there too (``-1``: :class:`workers.bus.TurnLost`).
 - **Acking, in the shard's slot, after.** The end deletes the owner field in the same script as
   the turn handover; the ``XACK`` (fenced by the shard's pending list) follows. A crash between
   the two leaves the job pending: the worker that adopts it takes the line (no owner any more),
@@ -41,7 +43,7 @@ from redis.exceptions import ResponseError
 from voxroom import keys
 from voxroom.cluster_calls import ClusterCalls
 from workers.job import Job
-from workers.room_lua import ROOM_LUA
+from workers.room_lua import ROOM_LUA, TURN_LUA
 
 log = logging.getLogger("voxroom.worker.shards")
 
@@ -49,7 +51,7 @@ _PRELUDE = """
 local function owned(state, field, token)
   return redis.call('HGET', state, field) == token
 end
-""" + ROOM_LUA
+""" + ROOM_LUA + TURN_LUA
 
 # KEYS: 1 state. ARGV: 1 owner field, 2 token, 3 deliveries, 4 entry, 5 ttl, 6 only_unset.
 # Returns 1 taken, 0 a later delivery of this entry owns the line, -1 another entry does.
@@ -66,13 +68,16 @@ return 1
 """
 
 # KEYS: 1 output, 2 state. ARGV: 1 owner field, 2 token, 3 window_ms, 4 ttl, 5 only_unset,
-# 6 started ('' for none), 7 maintain, then per entry: its number of field pairs, the pairs.
+# 6 started ('' for none), 7 maintain, 8 seq, then per entry: its number of field pairs, the pairs.
+# Returns 1 written, 0 not ours, -1 ours but the room's next is not its seq (a later line skipped
+# past it): nothing written. Cost: the owner HGET and the turn HGET, whatever the entries.
 _PUBLISH = _PRELUDE + """
 if not owned(KEYS[2], ARGV[1], ARGV[2]) then return 0 end
+if not our_turn(KEYS[2], ARGV[8]) then return -1 end
 local maintain = ARGV[7] == '1'
 local head = {'XADD', KEYS[1], '*'}
 if maintain then head = {'XADD', KEYS[1], 'MINID', '~', minid(ARGV[3]), '*'} end
-local i = 8
+local i = 9
 while i <= #ARGV do
   local n = tonumber(ARGV[i]) * 2
   local cmd = {unpack(head)}
@@ -89,12 +94,15 @@ return 1
 """
 
 # KEYS: 1 output, 2 state. ARGV: 1 owner field, 2 token, 3 window_ms, 4 ttl, 5 only_unset, 6 next,
-# 7 end_ms, then the end entry's field pairs.
+# 7 end_ms, then the end entry's field pairs. Returns 1, 0 (not ours) or -1 (the room's next is not
+# this line's seq: nothing written, the owner field kept for the ack's release). ``next`` so moves
+# only from this seq to the next: never back, never past a line that skipped past this one. The
+# turn check is the HGET of ``next`` this script always made.
 _FINISH = _PRELUDE + """
 if not owned(KEYS[2], ARGV[1], ARGV[2]) then return 0 end
+if not our_turn(KEYS[2], tonumber(ARGV[6]) - 1) then return -1 end
 redis.call('XADD', KEYS[1], 'MINID', '~', minid(ARGV[3]), '*', unpack(ARGV, 8))
-local n = tonumber(redis.call('HGET', KEYS[2], 'next') or '1')
-if n < tonumber(ARGV[6]) then redis.call('HSET', KEYS[2], 'next', ARGV[6]) end
+redis.call('HSET', KEYS[2], 'next', ARGV[6])
 local e = tonumber(redis.call('HGET', KEYS[2], 'end_ms') or '0')
 if e < tonumber(ARGV[7]) then redis.call('HSET', KEYS[2], 'end_ms', ARGV[7]) end
 redis.call('HDEL', KEYS[2], ARGV[1])
@@ -323,34 +331,38 @@ class ShardedJobs:
     # -- the room's writes (room slot) and the ack (shard slot) --------------------------------
 
     async def publish(self, job: Job, window_ms: int, started: int | None, maintain: bool,
-                      entries: list[dict[Any, Any]]) -> bool:
+                      entries: list[dict[Any, Any]]) -> int:
+        """1 written; 0 the line is not ours; -1 ours, but the room's ``next`` moved past its
+        seq (a later line skipped past it). Nothing is written unless 1."""
         token = self.token(job)
         if token is None:
-            return False
+            return 0
         args: list[Any] = ["EVAL", _PUBLISH, 2, keys.room_output(job.room), keys.room_state(job.room),
                            owner_field(job), token, window_ms, *self._ttl_args(job),
-                           "" if started is None else started, "1" if maintain else "0"]
+                           "" if started is None else started, "1" if maintain else "0", job.seq]
         for fields in entries:
             args.append(len(fields))
             for name, value in fields.items():
                 args += (name, value)
-        return bool(await self.calls.call(*args))
+        return int(await self.calls.call(*args))
 
-    async def finish(self, job: Job, window_ms: int, end_ms: float, end_fields: dict[str, Any]) -> bool:
-        """The end and the turn handover (room slot, fenced), then the ack (shard). ``False``:
-        the line is not ours, nothing written."""
+    async def finish(self, job: Job, window_ms: int, end_ms: float, end_fields: dict[str, Any]) -> int:
+        """The end and the turn handover (room slot, fenced by owner and turn), then the ack
+        (shard). 0: the line is not ours; -1: the room's ``next`` moved past it (the caller acks
+        it with :meth:`ack`); nothing written either way. 1: done."""
         token = self.token(job)
         if token is None:
-            return False
+            return 0
         flat: list[Any] = []
         for name, value in end_fields.items():
             flat += [name, value]
-        if not await self.calls.call("EVAL", _FINISH, 2, keys.room_output(job.room), keys.room_state(job.room),
-                                     owner_field(job), token, window_ms, *self._ttl_args(job), job.seq + 1,
-                                     f"{end_ms:.3f}", *flat):
-            return False
+        done = int(await self.calls.call("EVAL", _FINISH, 2, keys.room_output(job.room), keys.room_state(job.room),
+                                         owner_field(job), token, window_ms, *self._ttl_args(job), job.seq + 1,
+                                         f"{end_ms:.3f}", *flat))
+        if done != 1:
+            return done
         await self.ack_shard(job.entry_id)
-        return True
+        return 1
 
     async def skip_to(self, job: Job) -> bool:
         token = self.token(job)
