@@ -42,7 +42,7 @@ from voxroom.cluster_calls import ClusterCalls
 from voxroom.redis_client import POOL_MAX_CONNECTIONS, POOL_WAIT_S
 from voxroom.stream_watcher import StreamWatcher
 from workers.job import Job
-from workers.room_lua import ROOM_LUA, TURN_LUA
+from workers.room_lua import PENDING_LUA, ROOM_LUA, TURN_LUA
 from workers.shards import ShardedJobs
 
 log = logging.getLogger("voxroom.worker.bus")
@@ -77,13 +77,7 @@ class Turn(NamedTuple):
 
 # Shared by the scripts below (each is sent whole with EVAL: see ``finish``). ``owned`` treats a
 # missing group (Redis came back empty) as "not ours": that job is gone anyway.
-_PRELUDE = """
-local function owned(jobs, group, id, consumer)
-  local p = redis.pcall('XPENDING', jobs, group, id, id, 1)
-  if type(p) ~= 'table' or p.err then return false end
-  return p[1] ~= nil and p[1][2] == consumer
-end
-""" + ROOM_LUA + TURN_LUA
+_PRELUDE = PENDING_LUA + "local owned = pending_to\n" + ROOM_LUA + TURN_LUA
 
 _PUBLISH = _PRELUDE + """
 -- KEYS: jobs, then per job its output stream and state hash. ARGV: group, consumer, window_ms,

@@ -31,3 +31,14 @@ workers/shards.py): ``our_turn(state, seq)`` is whether the room's ``next`` is `
 publishes only in its turn (``workers/publisher.py``), and ``next`` moves past it only by its own
 end or by a later line's skip; the fence makes Redis refuse the line's writes after such a skip,
 atomically with them, instead of letting them interleave with the line that skipped."""
+
+PENDING_LUA = """\
+local function pending_to(jobs, group, id, consumer)
+  local p = redis.pcall('XPENDING', jobs, group, id, id, 1)
+  if type(p) ~= 'table' or p.err then return false end
+  return p[1] ~= nil and p[1][2] == consumer
+end
+"""
+"""The ownership fence by a job stream's pending list (workers/bus.py's ``owned``, workers/shards.py's
+ack and keeper): ``pending_to(jobs, group, id, consumer)`` is whether entry ``id`` is pending to
+``consumer``. A missing group (Redis came back empty) is "not ours": that job is gone anyway."""

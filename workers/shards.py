@@ -43,7 +43,7 @@ from redis.exceptions import ResponseError
 from voxroom import keys
 from voxroom.cluster_calls import ClusterCalls
 from workers.job import Job
-from workers.room_lua import ROOM_LUA, TURN_LUA
+from workers.room_lua import PENDING_LUA, ROOM_LUA, TURN_LUA
 
 log = logging.getLogger("voxroom.worker.shards")
 
@@ -126,13 +126,7 @@ return redis.call('HDEL', KEYS[1], ARGV[1])
 """
 
 # The shard's pending list fences the ack and the keeper's refresh, as on one instance.
-_SHARD_PRELUDE = """
-local function pending_to(jobs, group, id, consumer)
-  local p = redis.pcall('XPENDING', jobs, group, id, id, 1)
-  if type(p) ~= 'table' or p.err then return false end
-  return p[1] ~= nil and p[1][2] == consumer
-end
-"""
+_SHARD_PRELUDE = PENDING_LUA
 
 # KEYS: 1 shard. ARGV: 1 group, 2 entry id, 3 consumer.
 _ACK = _SHARD_PRELUDE + """
