@@ -21,11 +21,13 @@ only once the read succeeded (a failed join leaves no half-joined room).
 
 **On a Redis Cluster** (``redis`` a ``RedisCluster``, decided once when the gateway starts) one
 ``XREAD`` cannot span rooms: their keys lie in different slots and a cluster refuses that
-(``CROSSSLOT``, even on one node). Each room then has a reader of its own, one blocked ``XREAD``
-of its ``:out`` on the node that holds its slot, no wake stream (its room never changes: the room's
-first join starts it, its last leave stops it), ``MOVED``/``ASK``/failover followed from the same
-cursor (``voxroom/cluster_reads.py``). The commands go through one autopipeline per node
-(``voxroom/cluster_autopipe.py``). Everything else here (cursors, catch-up, dispatch) is the same.
+(``CROSSSLOT``, even on one node). So nothing blocks there: the workers ring each room's sharded
+pub/sub bell after writing to its ``:out``, the gateway holds one subscriber connection per
+primary (``voxroom/cluster_bells.py``), and a bell makes a non-blocking ``XREAD`` of that room
+on the node's autopipeline (``voxroom/cluster_autopipe.py``), coalesced per room, with a read of
+every room every ``READ_BLOCK_MS`` besides (``voxroom/cluster_fanout.py``). Connections per
+gateway: two per primary, whatever the number of rooms. One reader object holds every room's
+cursor, no wake stream; everything else here (cursors, catch-up, dispatch) is the same.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from voxroom import keys, metrics
 from voxroom.autopipe import AutoPipeline, Commands
 from voxroom.backoff import REDIS_DOWN, Backoff
 from voxroom.cluster_autopipe import ClusterAutoPipeline
+from voxroom.cluster_fanout import ClusterFanout
 from voxroom.cluster_reads import ClusterReads
 from voxroom.output_entries import slice_frames
 from voxroom.protocol import CODEC_OPUS, encode_server_message
@@ -64,10 +67,10 @@ class ResumeRefused(Exception):
 
 
 class _Reader:
-    def __init__(self, hub: RoomHub, index: int, room: str | None = None) -> None:
+    def __init__(self, hub: RoomHub, index: int) -> None:
         self.hub = hub
         self.index = index
-        self.name = f"hub:reader:{index}" if room is None else f"room:{room}:hub-read"
+        self.name = f"hub:reader:{index}"
         self.wake_key = keys.gateway_wake(hub.gateway_id, index)
         self.cursors: dict[str, str] = {}
         """Room -> id of the last entry read and dispatched (or the tail when the room joined)."""
@@ -77,8 +80,6 @@ class _Reader:
         """This reader's own connection: a blocked read must not hold up anybody's commands."""
 
     async def wake(self) -> None:
-        if self.hub.cluster is not None:  # a cluster reader's one room never changes
-            return
         # On the hub's shared pipelined connection: a hundred clients leaving at once are a
         # hundred wakes, which must not each take a pooled connection.
         await self.hub.control.group([  # raises an error reply, as a redis-py pipeline would
@@ -87,9 +88,6 @@ class _Reader:
     async def run(self) -> None:
         """Read and dispatch until cancelled. Redis being unavailable is waited out here; anything
         else raises to the supervisor, which restarts this (the cursors are kept)."""
-        if self.hub.cluster is not None:
-            await self._run_cluster(self.hub.cluster)
-            return
         assert self.wire is not None
         backoff = Backoff()
         wake_cursor: str | None = None
@@ -130,32 +128,6 @@ class _Reader:
             self.cursors[room] = entry_id_str(entries[-1][0])
             self.hub.dispatch(room, [(entry_id, fields(flat)) for entry_id, flat in entries])
 
-    async def _run_cluster(self, reads: ClusterReads) -> None:
-        """One room, one blocked read on its node; redirections are followed inside ``xread``
-        (it returns ``None`` and the read is sent again after the same cursor). The backoff stops
-        at 1 s: a failover ends when the replica is promoted, and the readers of the lost node's
-        rooms should not sleep 5 s past it (their map refreshes are shared, see ``ClusterReads``)."""
-        backoff = Backoff(cap=1.0)
-        while True:
-            if not self.cursors:  # its room left; the hub is stopping this loop
-                await asyncio.sleep(READ_BLOCK_MS / 1000)
-                continue
-            room, cursor = next(iter(self.cursors.items()))
-            try:
-                resp: Any = await reads.xread(keys.room_output(room), cursor, count=READ_COUNT,
-                                              block_ms=READ_BLOCK_MS)
-                backoff.reset()
-            except REDIS_DOWN as exc:
-                # Every room of a failed node fails at once: one line per room at the first failure.
-                (log.warning if backoff.delay == backoff.first else log.debug)(
-                    "hub reader of room %s: redis unavailable (%s); retrying in %.1f s", room, exc, backoff.delay)
-                await backoff.wait()
-                continue
-            for stream, entries in resp or []:
-                self._dispatch(stream.decode() if isinstance(stream, bytes) else stream, entries)
-            if resp:
-                self.hub.pulse()
-
 
 async def _tail(control: Commands, key: str) -> str:
     """The id of the stream's last entry (``0-0`` when it has none)."""
@@ -176,17 +148,25 @@ class RoomHub:
         self.rooms_per_reader = rooms_per_reader
         self.supervisor = supervisor or Supervisor("gateway")
         self.cluster = ClusterReads(redis) if isinstance(redis, RedisCluster) else None
-        """Set on a Redis Cluster: a reader per room (see the module's docstring)."""
+        """Set on a Redis Cluster: rooms read when their bell rings (see the module's docstring)."""
         self.control: Commands = (AutoPipeline(redis) if isinstance(redis, Redis) else
                                   ClusterAutoPipeline(redis, reads=self.cluster))
-        """Joins', leaves' and catch-ups' commands, pipelined on one connection (one per node)."""
+        """Joins', leaves' and catch-ups' commands, pipelined on one connection (one per node);
+        on a cluster the rooms' reads too."""
+        self._cluster_reader: _Reader | None = None
+        """On a cluster, the one holder of every room's cursor (it runs no loop of its own)."""
+        self.fanout: ClusterFanout | None = None
+        if isinstance(redis, RedisCluster) and self.cluster is not None:
+            self._cluster_reader = reader = _Reader(self, 0)
+            self.fanout = ClusterFanout(redis, self.cluster, self.control, self.supervisor, cursors=reader.cursors,
+                                        deliver=reader._dispatch, pulse=self.pulse, count=READ_COUNT,
+                                        sweep_s=READ_BLOCK_MS / 1000)
         self.rooms: dict[str, set[ClientConnection]] = {}
         """Room -> its live clients (may be empty while all its clients are catching up)."""
         self.catching: dict[str, set[ClientConnection]] = {}
         self._catchups: dict[ClientConnection, asyncio.Task[None]] = {}
         self._reader_of: dict[str, _Reader] = {}
         self._readers: list[_Reader] = []
-        self._next_reader = 0
         self._joining: dict[str, asyncio.Future[None]] = {}
         self._advanced = asyncio.Event()
         self._on_frame = on_frame
@@ -224,12 +204,15 @@ class RoomHub:
                 tail = await _tail(self.control, keys.room_output(room))
             finally:
                 self._joining.pop(room).set_result(None)
-            reader = self._pick_reader(room)
+            reader = self._pick_reader()
             self.rooms[room] = set()
             self.catching[room] = set()
             reader.cursors[room] = tail
             self._reader_of[room] = reader
             self._add(client, resume, welcome)
+            if self.fanout is not None:  # its read follows the bell's subscribe
+                self.fanout.add(room)
+                return
             try:
                 await reader.wake()
             except REDIS_DOWN as exc:  # the reader takes the room at its next read anyway
@@ -332,9 +315,8 @@ class RoomHub:
         del self.rooms[room], self.catching[room]
         reader = self._reader_of.pop(room)
         reader.cursors.pop(room, None)
-        if self.cluster is not None:
-            self._readers.remove(reader)
-            await self.supervisor.stop(reader.name)
+        if self.fanout is not None:
+            self.fanout.remove(room)
             return
         try:
             await reader.wake()
@@ -358,13 +340,9 @@ class RoomHub:
                 except REDIS_DOWN as exc:
                     log.warning("could not refresh opus demand: %s", exc)
 
-    def _pick_reader(self, room: str) -> _Reader:
-        if self.cluster is not None:
-            reader = _Reader(self, self._next_reader, room)
-            self._next_reader += 1
-            reader.task = self.supervisor.spawn(reader.name, reader.run)
-            self._readers.append(reader)
-            return reader
+    def _pick_reader(self) -> _Reader:
+        if self._cluster_reader is not None:
+            return self._cluster_reader
         for reader in self._readers:
             if len(reader.cursors) < self.rooms_per_reader:
                 return reader
@@ -412,6 +390,8 @@ class RoomHub:
         for task in list(self._catchups.values()):
             task.cancel()
         await asyncio.gather(*self._catchups.values(), return_exceptions=True)
+        if self.fanout is not None:
+            await self.fanout.aclose()
         for reader in self._readers:
             await self.supervisor.stop(reader.name)
         for reader in self._readers:

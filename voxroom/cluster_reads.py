@@ -1,14 +1,16 @@
 """Blocked reads of one stream on a Redis Cluster: sent to the node that holds the stream's slot,
-following ``MOVED``, ``ASK`` and failovers, from a cursor that does not depend on the node.
+following ``MOVED``, ``ASK`` and failovers, from a cursor that does not depend on the node; and
+the single-flight slot map refresh every cluster path here shares (:meth:`ClusterReads.refresh`).
 
-**One blocked read per room, not per node.** A cluster refuses a command whose keys lie in more
-than one slot (``CROSSSLOT``), even when one node holds all of them: a node that holds every slot
-answers ``XREAD STREAMS vx:room:{a}:out vx:room:{b}:out 0 0`` with ``CROSSSLOT`` (tried on
-Redis 7.0). So the single-instance hub's one ``XREAD`` over many rooms plus a wake stream cannot
-be split "per node"; on a cluster each room's ``:out`` is read by a blocked ``XREAD`` of its own,
-on a pooled connection to its node (one connection per room held, see docs/cluster.md). A room
-set that never changes needs no wake stream: a room joining starts its read, one leaving cancels
-it (the connection, with a reply still owed, is closed rather than pooled).
+**One blocked read per waiter.** A cluster refuses a command whose keys lie in more than one slot
+(``CROSSSLOT``), even when one node holds all of them: a node that holds every slot answers
+``XREAD STREAMS vx:room:{a}:out vx:room:{b}:out 0 0`` with ``CROSSSLOT`` (tried on Redis 7.0).
+So the single-instance stream watcher's one ``XREAD`` over many rooms plus a wake stream becomes,
+on a cluster, a blocked ``XREAD`` of its own per waiter (a worker's turn wait, the speech API's
+waits: ``voxroom/stream_watcher.py``), on a pooled connection to the room's node; one cancelled
+(the connection, with a reply still owed) is closed rather than pooled. The gateway hub reads its
+rooms without blocking, when their bell rings (``voxroom/cluster_fanout.py``): a connection per
+room there would bound rooms by the nodes' ``maxclients``.
 
 **Redirections.** The slot map is redis-py's ``RedisCluster`` one (``CLUSTER SLOTS`` at start):
 

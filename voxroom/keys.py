@@ -36,6 +36,8 @@ key                                    type      what
 ``vx:worker:{id}``                     hash      worker heartbeat: engines, contexts, load (TTL)
 ``vx:gw:{id}:wake:{n}``                stream    private to one gateway reader: XADD wakes its
                                                  blocked XREAD when its room set changes
+``vx:room:{room}:bell``                channel   Redis Cluster only, sharded pub/sub (not a key):
+                                                 rung by the worker after each write to ``:out``
 ``vx:cache:{slot}``                    hash      audio cache, one entry per slot (``fp``, ``pcm``):
                                                  slot = fingerprint mod ``cache_slots``, with a TTL
 =====================================  ========  ====================================================
@@ -97,6 +99,14 @@ def room_utterances(room: str) -> str:
 
 def room_output(room: str) -> str:
     return f"{PREFIX}:room:{{{room}}}:out"
+
+
+def room_bell(room: str) -> str:
+    """The room's doorbell on a Redis Cluster: a sharded pub/sub channel, not a key (nothing to
+    expire). The worker's scripts that append to ``:out`` ``SPUBLISH`` it (same hash tag, so same
+    slot and node); a gateway ``SSUBSCRIBE``s it while it has listeners in the room
+    (``voxroom/cluster_bells.py``). Unused on one Redis."""
+    return f"{PREFIX}:room:{{{room}}}:bell"
 
 
 def room_seq(room: str) -> str:

@@ -51,7 +51,13 @@ _PRELUDE = """
 local function owned(state, field, token)
   return redis.call('HGET', state, field) == token
 end
+local function ring(output)
+  return redis.call('SPUBLISH', string.sub(output, 1, -4) .. 'bell', '')
+end
 """ + ROOM_LUA + TURN_LUA
+"""``ring(output)``: the room's doorbell (``keys.room_bell``: ``vx:room:{R}:out`` -> ``vx:room:{R}:bell``,
+the same hash tag, so the same slot), rung once per script call that appended to ``:out``: the
+gateways subscribed to it read the room now (voxroom/cluster_bells.py). Needs Redis 7.0."""
 
 # KEYS: 1 state. ARGV: 1 owner field, 2 token, 3 deliveries, 4 entry, 5 ttl, 6 only_unset.
 # Returns 1 taken, 0 a later delivery of this entry owns the line, -1 another entry does.
@@ -70,7 +76,7 @@ return 1
 # KEYS: 1 output, 2 state. ARGV: 1 owner field, 2 token, 3 window_ms, 4 ttl, 5 only_unset,
 # 6 started ('' for none), 7 maintain, 8 seq, then per entry: its number of field pairs, the pairs.
 # Returns 1 written, 0 not ours, -1 ours but the room's next is not its seq (a later line skipped
-# past it): nothing written. Cost: the owner HGET and the turn HGET, whatever the entries.
+# past it): nothing written. Cost: the owner HGET, the turn HGET and one SPUBLISH, whatever the entries.
 _PUBLISH = _PRELUDE + """
 if not owned(KEYS[2], ARGV[1], ARGV[2]) then return 0 end
 if not our_turn(KEYS[2], ARGV[8]) then return -1 end
@@ -90,6 +96,7 @@ if maintain then
   refresh(KEYS[1], ARGV[4], ARGV[5])
   refresh(KEYS[2], ARGV[4], ARGV[5])
 end
+ring(KEYS[1])
 return 1
 """
 
@@ -108,6 +115,7 @@ if e < tonumber(ARGV[7]) then redis.call('HSET', KEYS[2], 'end_ms', ARGV[7]) end
 redis.call('HDEL', KEYS[2], ARGV[1])
 refresh(KEYS[1], ARGV[4], ARGV[5])
 refresh(KEYS[2], ARGV[4], ARGV[5])
+ring(KEYS[1])
 return 1
 """
 
@@ -154,6 +162,12 @@ return redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
 """
 
 
+# KEYS: 1 any key (routes it to that key's node). Redis 7.0 and later give their version; older ones nil.
+_VERSION = """
+return redis.REDIS_VERSION
+"""
+
+
 def split_entry(entry_id: str) -> tuple[int, str]:
     """``"3/1700000000000-0"`` -> ``(3, "1700000000000-0")``."""
     shard, _, stream_id = entry_id.partition("/")
@@ -185,7 +199,14 @@ class ShardedJobs:
     # -- groups and reads ------------------------------------------------------------------------
 
     async def ensure_groups(self) -> None:
+        """The shards' consumer groups. Raises ``RuntimeError`` when a shard's node is older than
+        Redis 7.0: the room scripts ring the room's bell with ``SPUBLISH`` (docs/cluster.md)."""
         for shard in range(self.shards):
+            got = await self.calls.call("EVAL", _VERSION, 1, keys.job_shard(shard))
+            version = got.decode() if isinstance(got, bytes) else str(got or "")
+            if not version or int(version.split(".")[0]) < 7:
+                raise RuntimeError(f"Redis Cluster mode needs Redis 7.0 or later (sharded pub/sub); the node of "
+                                   f"{keys.job_shard(shard)} runs {version or 'an older one'} (docs/cluster.md)")
             try:
                 await self.calls.call("XGROUP", "CREATE", keys.job_shard(shard), keys.JOBS_GROUP, "0", "MKSTREAM")
             except ResponseError as exc:

@@ -1,0 +1,125 @@
+"""The gateway's fan-out on a real Redis Cluster reads rooms when their sharded pub/sub bell rings
+(docs/cluster.md, "Gateway fan-out"): a few connections per node, whatever the number of rooms.
+
+- A gateway process with 24 rooms over the 3 primaries (a listener in each, a synthetic worker
+  speaking a line in every room): every line heard whole, once, in order; the gateway's TCP
+  connections to each primary (counted from its own sockets, psutil) stay at a few, one of them
+  the ``vx-gw-bells`` subscriber (``CLIENT LIST``). The per-room blocked reads held one per room:
+  8 on each primary here.
+- A bell rung before the hub subscribed (nobody heard it: ``SPUBLISH`` counted 0 receivers) is
+  covered by the read that follows the subscribe; the 2 s sweep is turned off for that test, so
+  nothing else could have read the room.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+
+import psutil
+import pytest
+import redis
+
+from tests.cluster.conftest import RedisClusterProcs
+from tests.cluster.test_cluster_reads import _hub, _listener, _pipe, _received, _rooms_on_every_primary, _wait_for
+from tests.support.heard import assert_heard_whole_once_in_order
+from tests.support.processes import Proc, start_gateway, start_worker
+from tests.support.room_client import RoomClient
+from voxroom import keys
+from voxroom.cluster_bells import CLIENT_NAME
+
+ROOMS_PER_PRIMARY = 8
+NEW_CONNECTIONS_PER_NODE_MAX = 3
+"""Opened to a node by the gateway once its rooms joined and spoke: the bells' subscriber, the
+hub's pipeline (joins, reads), the hand-off's pipeline (``say``): independent of the number of
+rooms. Besides them the gateway holds what it opened at start (the slot map's, the directory's)."""
+
+RING_XADD = """
+local id = redis.call('XADD', KEYS[1], '*', 'frame', ARGV[1])
+return {id, redis.call('SPUBLISH', ARGV[2], '')}
+"""
+
+
+@pytest.fixture(scope="module")
+def gateway_and_worker(redis_cluster: RedisClusterProcs,
+                       tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proc, int]]:
+    logs = tmp_path_factory.mktemp("cluster-bells")
+    procs: list[Proc] = []
+    try:
+        gateway, port = start_gateway(redis_cluster.nodes[0].url, logs)
+        procs.append(gateway)
+        procs.append(start_worker(redis_cluster.nodes[1].url, logs, engine="synthetic", name="worker",
+                                  VOXROOM_CONTEXT_QUEUE="8"))
+        yield gateway, port
+    finally:
+        for proc in procs:
+            proc.stop()
+
+
+def _connections_to(pid: int, port: int) -> int:
+    return sum(1 for c in psutil.Process(pid).net_connections(kind="tcp")
+               if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED)
+
+
+def _bell_clients(node_port: int, gateway_pid: int) -> int:
+    """``vx-gw-bells`` clients of the gateway on the node (matched by the gateway's local ports)."""
+    mine = {c.laddr.port for c in psutil.Process(gateway_pid).net_connections(kind="tcp")
+            if c.raddr and c.raddr.port == node_port}
+    with redis.Redis(port=node_port, socket_timeout=5, decode_responses=True) as r:
+        clients = r.client_list()
+    return sum(1 for c in clients if c["name"] == CLIENT_NAME and int(c["addr"].rsplit(":", 1)[1]) in mine)
+
+
+@pytest.mark.timeout(180)
+async def test_a_gateway_with_24_rooms_holds_a_few_connections_per_node(
+        redis_cluster: RedisClusterProcs, gateway_and_worker: tuple[Proc, int]) -> None:
+    gateway, port = gateway_and_worker
+    primaries = [n.port for n in redis_cluster.primaries()]
+    rooms = _rooms_on_every_primary(redis_cluster, per_node=ROOMS_PER_PRIMARY)
+    assert len(rooms) == 3 * ROOMS_PER_PRIMARY
+    before = {p: _connections_to(gateway.pid, p) for p in primaries}
+    async with contextlib.AsyncExitStack() as stack:
+        listeners = [await stack.enter_async_context(RoomClient(port, room)) for room in rooms]
+        speakers = [await stack.enter_async_context(RoomClient(port, room)) for room in rooms]
+        await asyncio.gather(*(s.say(f"A line in room number {i}.", voice="en-joe") for i, s in enumerate(speakers)))
+        await asyncio.gather(*(c.wait_ends(1, timeout=90) for c in listeners))
+        await asyncio.sleep(0.3)  # anything sent twice would have arrived by now
+        for client in listeners:
+            assert_heard_whole_once_in_order(client.got, 1)
+        # Every room is held now (48 clients): the connections per node do not follow the rooms.
+        opened = {p: _connections_to(gateway.pid, p) - before[p] for p in primaries}
+        assert all(n <= NEW_CONNECTIONS_PER_NODE_MAX for n in opened.values()), (before, opened)
+        assert {p: _bell_clients(p, gateway.pid) for p in primaries} == {p: 1 for p in primaries}
+    assert gateway.alive(), gateway.log_text()[-3000:]
+    log = gateway.log_text()
+    assert "Traceback" not in log, log[-3000:]
+
+
+async def test_a_bell_rung_before_the_subscribe_is_covered_by_the_read_after_it(
+        redis_cluster: RedisClusterProcs) -> None:
+    room = _rooms_on_every_primary(redis_cluster, per_node=1)[0]
+    async with _hub(redis_cluster.url) as (hub, _client), _pipe(redis_cluster.url) as pipe:
+        assert hub.fanout is not None
+        hub.fanout.sweep_s = 3600.0  # no sweep: only a bell or the read after the subscribe reads
+        listener = _listener(room)
+        await hub.join(listener)
+        # Joined (its cursor is the tail), not subscribed yet: the subscriber connection opens
+        # in the node's loop, which has not run. This entry's bell reaches nobody.
+        _entry, receivers = await pipe.call("EVAL", RING_XADD, 1, keys.room_output(room), b"early",
+                                            keys.room_bell(room))
+        assert receivers == 0
+        await _wait_for("the early entry", lambda: _received(listener) == [b"early"])
+        # And a bell rung once subscribed is heard: the room's own next entry.
+        _entry, receivers = await pipe.call("EVAL", RING_XADD, 1, keys.room_output(room), b"late",
+                                            keys.room_bell(room))
+        assert receivers == 1
+        await _wait_for("the late entry", lambda: _received(listener) == [b"early", b"late"])
+        await hub.leave(listener)
+        assert hub.fanout.bells.held() == 0 and not hub.fanout._reading  # nothing kept for the room
+
+
+def test_the_bell_channel_is_the_output_key_with_bell_for_out() -> None:
+    # workers/shards.py's Lua derives the channel from the output key this way.
+    for room in ("a", "lobby-1", "X_y-9"):
+        assert keys.room_bell(room) == keys.room_output(room)[:-3] + "bell"
