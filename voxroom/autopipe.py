@@ -10,8 +10,9 @@ turn packs everything queued by then into one write. A quiet room pays nothing e
 command leaves in the loop turn it was issued, alone.
 
 **One connection, true pipelining.** Writes never wait for earlier replies; Redis answers in
-order, so one reader task hands replies to their callers first in, first out (hiredis parses
-them; error replies are values, so one failing command never desynchronises the others).
+order, so the connection's protocol hands replies to their callers first in, first out, in the
+loop callback that reads them (hiredis parses them; error replies are values, so one failing
+command never desynchronises the others).
 Commands of one :meth:`AutoPipeline.group` go out back to back and in order, but without MULTI:
 a group is ordered, not atomic (use a script for atomicity, as ``EVAL`` here).
 
@@ -42,7 +43,7 @@ import inspect
 import logging
 from collections import deque
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import hiredis
 from redis._parsers import _AsyncHiredisParser
@@ -203,8 +204,19 @@ class AutoPipeline:
             loop.call_soon(self._flush)
         return future
 
+    def flush(self) -> None:
+        """Send what is queued now instead of at the end of this loop turn. For a callback
+        that itself runs at the end of a loop turn, after what it gathers was queued (the
+        worker's batched publish, workers/bus.py): its commands then leave in the same turn
+        rather than one turn later. Order is kept: everything queued so far goes, in order, and
+        later commands go in a later write on the same connection."""
+        if self._queued:
+            self._flush()
+
     def _flush(self) -> None:
         self._scheduled = False
+        if not self._queued:  # sent already by flush()
+            return
         queued, self._queued = self._queued, []
         try:
             self._send(queued)
@@ -237,20 +249,27 @@ class AutoPipeline:
 
 
 class _Wire:
-    """One connection: writes as soon as a batch exists, one reader matching replies in order."""
+    """One connection: writes as soon as a batch exists; replies matched in order as they are read.
+
+    The connection's protocol (:class:`_WireProtocol`) parses what the socket gives and hands
+    each reply to its caller in the very loop callback that read it. A reader task woken through
+    a ``StreamReader`` would take one more loop turn per read, and when a burst keeps the loop
+    busy a turn is milliseconds: the worker's job read and the hub's room read are such reads
+    (docs/benchmarks.md). The reply timeout is a timer, armed while replies are awaited."""
 
     def __init__(self, kwargs: dict[str, Any], timeout_s: float) -> None:
         self.kwargs = kwargs
         self.timeout_s = timeout_s
         self.decode = bool(kwargs.get("decode_responses"))
-        self._writer: asyncio.StreamWriter | None = None
+        self._transport: asyncio.Transport | None = None
         self._connecting: asyncio.Task[None] | None = None
-        self._reader_task: asyncio.Task[None] | None = None
         self._waiters: deque[_Waiter] = deque()
         self._unsent: list[tuple[bytes, list[_Waiter]]] = []
         self._drained = asyncio.Event()
         self._progress = 0.0
         """Loop time of the last reply (or of the first command after a quiet spell)."""
+        self._timer: asyncio.TimerHandle | None = None
+        self._grace = False
         self.inflight = 0
 
     def send(self, batch: list[tuple[Sequence[Command], asyncio.Future[list[Any]]]]) -> None:
@@ -266,7 +285,8 @@ class _Wire:
         if not waiters:
             return
         blob = b"".join(blobs)
-        if self._writer is None or self._writer.is_closing():
+        if self._connecting is not None or self._transport is None or self._transport.is_closing():
+            # Connecting (or its handshake still out): sent once the connection is ready.
             self._unsent.append((blob, waiters))
             if self._connecting is None:
                 self._connecting = asyncio.create_task(self._connect(), name="autopipe:connect")
@@ -274,23 +294,68 @@ class _Wire:
         self._write(blob, waiters)
 
     def _write(self, blob: bytes, waiters: list[_Waiter]) -> None:
-        assert self._writer is not None
+        assert self._transport is not None
         if not self._waiters:
             self._progress = asyncio.get_running_loop().time()
+            self._grace = False
         self._waiters.extend(waiters)
         self.inflight += sum(n for n, _, _ in waiters)
         self._drained.clear()
-        self._writer.write(blob)
+        self._transport.write(blob)
+        if self._timer is None:
+            self._arm(self.timeout_s)
+
+    def _arm(self, delay_s: float) -> None:
+        self._timer = asyncio.get_running_loop().call_later(delay_s, self._check)
+
+    def _check(self) -> None:
+        """The reply timer: fail everything in flight when nothing came for ``timeout_s`` and
+        then for a grace period more. The grace is for a loop that was paused or blocked past the
+        timeout: its replies are waiting in the socket, and the loop reads them before the grace
+        ends (a libuv loop runs due timers before it polls the sockets)."""
+        self._timer = None
+        if not self._waiters:
+            return
+        transport = self._transport
+        idle = asyncio.get_running_loop().time() - self._progress
+        if idle < self.timeout_s:
+            self._grace = False
+            self._arm(self.timeout_s - idle)
+        elif not self._grace:
+            self._grace = True
+            self._arm(GRACE_READ_S)
+        elif transport is not None:
+            self._lost(transport, RedisTimeoutError(f"no reply from redis in {self.timeout_s:.0f} s"))
+            transport.abort()
+
+    def _lost(self, transport: asyncio.BaseTransport, error: Exception) -> None:
+        """``transport`` is gone (or given up on): every command in flight on it fails with
+        ``error``; the next command reconnects."""
+        if self._transport is not transport:
+            return  # an older connection's late news: its waiters were failed already
+        self._transport = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        waiters, self._waiters = self._waiters, deque()
+        self.inflight = 0
+        self._drained.set()
+        for _, _, future in waiters:
+            if not future.done():
+                future.set_exception(error)
 
     async def _connect(self) -> None:
-        writer: asyncio.StreamWriter | None = None
+        transport: asyncio.Transport | None = None
+        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.kwargs.get("socket_connect_timeout") or self.timeout_s):
                 if self.kwargs.get("path"):
-                    reader, writer = await asyncio.open_unix_connection(self.kwargs["path"])
+                    transport, _ = await loop.create_unix_connection(
+                        lambda: _WireProtocol(self), self.kwargs["path"])
                 else:
-                    reader, writer = await asyncio.open_connection(self.kwargs.get("host", "localhost"),
-                                                                   self.kwargs.get("port", 6379))
+                    transport, _ = await loop.create_connection(
+                        lambda: _WireProtocol(self), self.kwargs.get("host", "localhost"),
+                        self.kwargs.get("port", 6379))
                 hello: list[Command] = []
                 if self.kwargs.get("password"):
                     user = self.kwargs.get("username")
@@ -299,22 +364,23 @@ class _Wire:
                 if self.kwargs.get("db"):
                     hello.append(("SELECT", int(self.kwargs["db"])))
                 if hello:
-                    writer.write(pack(hello))
-                    parser = hiredis.Reader(replyError=ResponseError)
-                    got: list[Any] = []
-                    while len(got) < len(hello):
-                        data = await reader.read(65536)
-                        if not data:
-                            raise RedisConnectionError("connection closed during handshake")
-                        parser.feed(data)
-                        while (reply := parser.gets()) is not False:
-                            got.append(reply)
+                    # The handshake's replies are read as any others, before anything else is sent.
+                    self._transport = transport
+                    done: asyncio.Future[list[Any]] = loop.create_future()
+                    self._write(pack(hello), [(len(hello), [], done)])
+                    got = await done
                     for reply in got:
                         if isinstance(reply, Exception):
                             raise RedisConnectionError(f"redis refused the handshake: {reply}")
-        except (OSError, TimeoutError, RedisConnectionError) as exc:
-            if writer is not None:
-                writer.close()
+        except asyncio.CancelledError:  # closed while connecting
+            if transport is not None:
+                self._lost(transport, RedisConnectionError("connection to redis closed"))
+                transport.close()
+            raise
+        except (OSError, TimeoutError, RedisConnectionError, RedisTimeoutError) as exc:
+            if transport is not None:
+                self._lost(transport, RedisConnectionError("handshake failed"))
+                transport.close()
             self._connecting = None
             error = exc if isinstance(exc, RedisConnectionError) else RedisConnectionError(
                 f"cannot connect to redis: {exc!r}")
@@ -324,56 +390,15 @@ class _Wire:
                     if not future.done():
                         future.set_exception(error)
             return
-        self._writer = writer
+        self._transport = transport
         self._connecting = None
-        self._reader_task = asyncio.create_task(self._read(reader, writer), name="autopipe:reader")
         unsent, self._unsent = self._unsent, []
         for blob, waiters in unsent:
             self._write(blob, waiters)
 
-    async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        parser = (hiredis.Reader(replyError=ResponseError, encoding="utf-8") if self.decode
-                  else hiredis.Reader(replyError=ResponseError))
-        error: Exception = RedisConnectionError("connection to redis closed")
-        try:
-            loop = asyncio.get_running_loop()
-            grace = False
-            while True:
-                # Always a deadline, even while idle: commands written while this read was
-                # already waiting must still time out when Redis stops answering.
-                try:
-                    async with asyncio.timeout(GRACE_READ_S if grace else self.timeout_s):
-                        data = await reader.read(262_144)
-                except TimeoutError:
-                    if self._waiters and loop.time() - self._progress >= self.timeout_s:
-                        if grace:
-                            error = RedisTimeoutError(f"no reply from redis in {self.timeout_s:.0f} s")
-                            break
-                        # Loop time is not Redis time: after a pause (SIGSTOP, a blocked loop)
-                        # the replies may be sitting in the socket. One short read decides.
-                        grace = True
-                    continue
-                grace = False
-                if not data:
-                    break
-                parser.feed(data)
-                while (reply := parser.gets()) is not False:
-                    self._deliver(reply)
-        except OSError as exc:
-            error = RedisConnectionError(f"connection to redis lost: {exc!r}")
-        finally:
-            writer.close()
-            if self._writer is writer:
-                self._writer = None
-            waiters, self._waiters = self._waiters, deque()
-            self.inflight = 0
-            self._drained.set()
-            for _, _, future in waiters:
-                if not future.done():
-                    future.set_exception(error)
-
     def _deliver(self, reply: Any) -> None:
         self._progress = asyncio.get_running_loop().time()
+        self._grace = False
         expected, replies, future = self._waiters[0]
         replies.append(reply)
         self.inflight -= 1
@@ -390,12 +415,55 @@ class _Wire:
     async def close(self) -> None:
         if self._connecting is not None:
             self._connecting.cancel()
-        if self._writer is not None:
-            self._writer.close()
-        if self._reader_task is not None:
-            self._reader_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._reader_task
+                await self._connecting
+        transport = self._transport
+        if transport is not None:
+            self._lost(transport, RedisConnectionError("connection to redis closed"))
+            transport.close()
+            protocol = transport.get_protocol()
+            if isinstance(protocol, _WireProtocol):  # returns once the socket is closed
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.timeout_s):
+                        await protocol.closed
+
+
+class _WireProtocol(asyncio.Protocol):
+    """The socket side of a :class:`_Wire`: hiredis parses what arrives, each reply goes to its
+    caller at once."""
+
+    def __init__(self, wire: _Wire) -> None:
+        self.wire = wire
+        self.parser = (hiredis.Reader(replyError=ResponseError, encoding="utf-8") if wire.decode
+                       else hiredis.Reader(replyError=ResponseError))
+        self.transport: asyncio.Transport | None = None
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        """Done once the connection is lost or closed."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A stream transport (uvloop's does not subclass asyncio's classes: no isinstance here).
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        wire = self.wire
+        try:
+            self.parser.feed(data)
+            while (reply := self.parser.gets()) is not False:
+                if not wire._waiters:  # a reply nobody asked for: the stream is out of step
+                    raise RedisConnectionError("redis sent a reply nobody waited for")
+                wire._deliver(reply)
+        except Exception as exc:  # garbage on the wire: nothing after it can be matched to a caller
+            assert self.transport is not None
+            wire._lost(self.transport, exc if isinstance(exc, RedisConnectionError) else
+                       RedisConnectionError(f"unreadable reply from redis: {exc!r}"))
+            self.transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        assert self.transport is not None
+        if not self.closed.done():
+            self.closed.set_result(None)
+        self.wire._lost(self.transport, RedisConnectionError(
+            f"connection to redis lost: {exc!r}" if exc is not None else "connection to redis closed"))
 
 
 async def _send_redis_py(redis: Redis, batch: list[tuple[Sequence[Command], asyncio.Future[list[Any]]]]) -> None:

@@ -414,6 +414,9 @@ class WorkerBus:
             entries += len(item.entries)
         if batch:
             self._send_publish_batch(batch)
+        # This callback runs after every publisher of the loop turn queued its publish: the
+        # script leaves now, not one more loop turn later (a first slice's way to the room).
+        self.auto.flush()
 
     def _send_publish_batch(self, batch: list[_Publish]) -> None:
         script_keys: list[Any] = [keys.JOBS]

@@ -1,0 +1,83 @@
+"""voxroom/autopipe.py on uvloop, the loop the worker and the gateway run (tests/reliability's
+autopipe tests run on asyncio's own loop). Replies are read by a protocol callback; a libuv loop
+runs due timers before it polls sockets, which the reply timeout's grace must allow for."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+import pytest
+import uvloop
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+
+from voxroom import redis_client
+from voxroom.autopipe import AutoPipeline
+from voxroom.redis_server import RedisServer
+
+
+def on_uvloop(test: Callable[[], Awaitable[None]]) -> None:
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(test())  # type: ignore[arg-type]
+
+
+def test_replies_reach_their_callers_in_order_and_an_error_fails_its_caller_only(server: RedisServer) -> None:
+    async def run() -> None:
+        redis = redis_client.from_url(server.url, decode_responses=True)
+        auto = AutoPipeline(redis)
+        try:
+            await auto.call("DEL", "uv:n")
+            calls = [auto.call("INCR", "uv:n") for _ in range(50)]
+            calls.insert(25, auto.call("HGET", "uv:n", "x"))  # WRONGTYPE, in the middle
+            got = await asyncio.gather(*calls, return_exceptions=True)
+            assert isinstance(got[25], ResponseError)
+            assert got[:25] + got[26:] == list(range(1, 51))
+            assert auto.batches_sent == 2, "the DEL, then the 51 of one loop turn in one batch"
+        finally:
+            await auto.aclose()
+            await redis.aclose()
+
+    on_uvloop(run)
+
+
+def test_a_killed_connection_fails_what_is_in_flight_and_the_next_call_reconnects(server: RedisServer) -> None:
+    async def run() -> None:
+        redis = redis_client.from_url(server.url, decode_responses=True)
+        auto = AutoPipeline(redis, timeout_s=10)
+        try:
+            own_id = await auto.call("CLIENT", "ID")
+            waiting = asyncio.ensure_future(auto.call("BLPOP", "uv:never", 5))
+            await asyncio.sleep(0.1)
+            assert await redis.execute_command("CLIENT", "KILL", "ID", own_id) == 1
+            with pytest.raises(RedisConnectionError):
+                await waiting
+            assert await auto.call("ECHO", "again") == "again"
+            assert await auto.call("CLIENT", "ID") != own_id
+        finally:
+            await auto.aclose()
+            await redis.aclose()
+
+    on_uvloop(run)
+
+
+def test_a_blocked_uvloop_is_not_a_dead_redis(server: RedisServer) -> None:
+    """The loop stops well past the reply timeout with a reply waiting in the socket: libuv
+    fires the timer before it reads the socket, and the grace lets the reply through."""
+    async def run() -> None:
+        redis = redis_client.from_url(server.url, decode_responses=True)
+        auto = AutoPipeline(redis, timeout_s=0.3)
+        try:
+            assert await auto.call("PING") == "PONG"
+            pending = asyncio.ensure_future(auto.call("ECHO", "still here"))
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            time.sleep(1.0)
+            assert await pending == "still here"
+            assert await auto.call("PING") == "PONG"
+        finally:
+            await auto.aclose()
+            await redis.aclose()
+
+    on_uvloop(run)
