@@ -134,9 +134,6 @@ async def _receive_loop(websocket: WebSocket, conn: ClientConnection, state: Gat
         # A plain await, no task per message: idle sockets are most of a gateway's memory. When the
         # writer gives up (socket gone, or a hopeless client closed with 1013) this receive ends too.
         message = await websocket.receive()
-        # receive() does not suspend while frames are buffered: yield once per frame so that a
-        # flooding client cannot monopolise the loop (its own writer and every other room run too).
-        await asyncio.sleep(0)
         if message["type"] == "websocket.disconnect":
             return
         data = message.get("text")
@@ -176,6 +173,11 @@ async def _receive_loop(websocket: WebSocket, conn: ClientConnection, state: Gat
             metrics.ERRORS.labels(ErrorCode.INTERNAL).inc()
             conn.send_text(protocol.encode_server_message(
                 protocol.error_message(ErrorCode.INTERNAL, "internal error; this frame was not acted on")))
+        # receive() does not suspend while frames are buffered: yield once per frame so that a
+        # flooding client cannot monopolise the loop (its own writer and every other room run too).
+        # After the frame, not before: a line is handled in the loop turn that received it, so
+        # the says of a burst of rooms leave for Redis one loop turn sooner (docs/benchmarks.md).
+        await asyncio.sleep(0)
 
 
 async def _drain(conn: ClientConnection, writer: asyncio.Task[None], timeout_s: float = 1.0) -> None:
