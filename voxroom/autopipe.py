@@ -269,6 +269,7 @@ class _Wire:
         self._progress = 0.0
         """Loop time of the last reply (or of the first command after a quiet spell)."""
         self._timer: asyncio.TimerHandle | None = None
+        self._keeper: asyncio.Task[None] | None = None
         self._grace = False
         self.inflight = 0
 
@@ -392,6 +393,9 @@ class _Wire:
             return
         self._transport = transport
         self._connecting = None
+        protocol = transport.get_protocol()
+        assert isinstance(protocol, _WireProtocol)
+        self._keeper = asyncio.create_task(self._keep(transport, protocol), name="autopipe:connection")
         unsent, self._unsent = self._unsent, []
         for blob, waiters in unsent:
             self._write(blob, waiters)
@@ -411,6 +415,18 @@ class _Wire:
 
     async def drained(self) -> None:
         await self._drained.wait()
+
+    async def _keep(self, transport: asyncio.Transport, protocol: _WireProtocol) -> None:
+        """The connection's owner task. It does nothing while the connection lives (replies are
+        handled by the protocol's callbacks); it exists so that a loop shutting down, which
+        cancels its tasks, closes the socket, as the reader task of the stream version did: a
+        pipeline nobody closed must not leave its socket to the garbage collector."""
+        try:
+            await protocol.closed
+        finally:
+            if not transport.is_closing():
+                self._lost(transport, RedisConnectionError("connection to redis closed"))
+                transport.close()
 
     async def close(self) -> None:
         if self._connecting is not None:
