@@ -33,6 +33,11 @@ from voxroom.settings import Settings
 if TYPE_CHECKING:
     from app.handoff import HandOff
 
+SAY_HOLD_S = 0.0005
+"""The longest a ``say`` waits in its loop turn for later ones to share its write. A burst of 100
+rooms' lines takes the gateway several milliseconds to handle in one turn; held to the turn's end
+they reached Redis's job stream 5 ms later at the median (docs/benchmarks.md)."""
+
 STALE_ROOMS_PER_SAY = 64
 """``vx:rooms`` entries past the idle TTL removed by one ``say`` at most: the script's cost stays
 bounded, and since one ``say`` adds at most one room, stale entries go faster than they come."""
@@ -224,10 +229,12 @@ class Ingress:
         waits (its own copy of these settings). Raises ``ValueError`` for values
         :func:`check_wait` refuses."""
         self.handoff = handoff
-        # Lines that many rooms send in the same loop turn share one round trip (voxroom/autopipe.py).
+        # Lines that many rooms send in the same loop turn share one round trip (voxroom/autopipe.py),
+        # but no line waits more than SAY_HOLD_S for later ones: in a burst of 100 rooms the
+        # gateway handles each line in Python first, and Redis runs the first ones meanwhile.
         # EVAL, not EVALSHA: Redis caches the compiled script by digest, and a Redis restarted
         # empty needs no NOSCRIPT retry.
-        self._auto = AutoPipeline(redis)
+        self._auto = AutoPipeline(redis, max_hold_s=SAY_HOLD_S)
         self._one_connection = one_connection(redis)
         check_wait(wait_replicas, wait_timeout_ms, self._auto.timeout_s)
         self.wait_replicas = wait_replicas

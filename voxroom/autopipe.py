@@ -41,6 +41,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import time
 from collections import deque
 from collections.abc import Sequence
 from typing import Any, Protocol, cast
@@ -150,13 +151,20 @@ class Commands(Protocol):
 
 class AutoPipeline:
     def __init__(self, redis: Redis, *, max_batch: int = 512, max_inflight: int = 10_000,
-                 timeout_s: float = 5.0) -> None:
+                 timeout_s: float = 5.0, max_hold_s: float | None = None) -> None:
         self.redis = redis
         self.max_batch = max_batch
+        # None: what one loop turn queues leaves in one write at the turn's end, however long the
+        # turn. A number: a command queued that long ago leaves with the next one queued after
+        # it, so Redis (on another core) runs the first commands of a long turn while the loop
+        # works on the rest. For a caller whose turns can be long (the gateway's says of a burst
+        # of rooms, each handled in Python first): docs/benchmarks.md.
+        self.max_hold_s = max_hold_s
         self.max_inflight = max_inflight
         self.timeout_s = timeout_s
         self._queued: list[tuple[Sequence[Command], asyncio.Future[list[Any]]]] = []
         self._scheduled = False
+        self._held_since = 0.0
         pool = redis.connection_pool
         cls = pool.connection_class
         lean = issubclass(cls, UnixDomainSocketConnection) or (
@@ -202,6 +210,13 @@ class AutoPipeline:
         if not self._scheduled:
             self._scheduled = True
             loop.call_soon(self._flush)
+        if self.max_hold_s is not None:
+            # time.monotonic, not loop.time: uvloop's clock counts whole milliseconds.
+            now = time.monotonic()
+            if len(self._queued) == 1:
+                self._held_since = now
+            elif now - self._held_since >= self.max_hold_s:
+                self._send_queued()  # the end-of-turn flush is still due, for what comes next
         return future
 
     def flush(self) -> None:
@@ -215,7 +230,10 @@ class AutoPipeline:
 
     def _flush(self) -> None:
         self._scheduled = False
-        if not self._queued:  # sent already by flush()
+        self._send_queued()
+
+    def _send_queued(self) -> None:
+        if not self._queued:  # sent already by flush() or a held command
             return
         queued, self._queued = self._queued, []
         try:

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 import uvloop
+from redis import Redis as SyncRedis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
@@ -78,6 +79,48 @@ def test_a_blocked_uvloop_is_not_a_dead_redis(server: RedisServer) -> None:
             assert await auto.call("PING") == "PONG"
         finally:
             await auto.aclose()
+            await redis.aclose()
+
+    on_uvloop(run)
+
+
+def test_a_long_loop_turn_sends_what_it_held_past_max_hold(server: RedisServer) -> None:
+    """The gateway's says (app/ingress.py): a loop turn that handles a burst of lines sends the
+    first ones while it works on the rest, in order, instead of every line waiting for the
+    turn's end. Without ``max_hold_s`` nothing leaves before the turn ends."""
+    async def run() -> None:
+        redis = redis_client.from_url(server.url, decode_responses=True)
+        sync = SyncRedis.from_url(server.url, decode_responses=True)
+        held = AutoPipeline(redis, max_hold_s=0.001)
+        turn = AutoPipeline(redis)
+        try:
+            await held.call("DEL", "uv:held")
+            await turn.call("DEL", "uv:turn")
+            sent_before = (held.batches_sent, turn.batches_sent)
+            # One loop turn: no await between these lines.
+            first = held.submit([("RPUSH", "uv:held", "a")])
+            turn.submit([("RPUSH", "uv:turn", "a")])
+            time.sleep(0.005)  # the turn goes on: the rest of a burst is handled
+            second = held.submit([("RPUSH", "uv:held", "b")])
+            last = turn.submit([("RPUSH", "uv:turn", "b")])
+            assert held.batches_sent - sent_before[0] == 1, "a and b left as the turn went on"
+            assert turn.batches_sent == sent_before[1], "nothing leaves before the turn ends"
+            # Redis has them while this loop turn still runs (a blocking client waits for it).
+            deadline = time.monotonic() + 10
+            while sync.lrange("uv:held", 0, -1) != ["a", "b"]:
+                assert time.monotonic() < deadline, sync.lrange("uv:held", 0, -1)
+                time.sleep(0.01)
+            assert sync.lrange("uv:turn", 0, -1) == []
+            third = held.submit([("RPUSH", "uv:held", "c")])  # queued just now: waits for the turn's end
+            assert held.batches_sent - sent_before[0] == 1
+            assert [await f for f in (first, second, third)] == [[1], [2], [3]]
+            assert await last == [2]
+            assert await held.call("LRANGE", "uv:held", 0, -1) == ["a", "b", "c"]
+            assert held.batches_sent - sent_before[0] == 3
+        finally:
+            sync.close()
+            await held.aclose()
+            await turn.aclose()
             await redis.aclose()
 
     on_uvloop(run)
