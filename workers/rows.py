@@ -84,6 +84,7 @@ class ContinuousRows:
         same lock: a line is either in a live thread's inbox or in the drain of a dying one,
         never in the inbox of a thread that is gone."""
         self._lock = threading.Lock()
+        self._handing = False
 
     def held(self, engine: Engine) -> int:
         """Lines ``engine`` holds not yet finished."""
@@ -107,12 +108,20 @@ class ContinuousRows:
                 self._served[engine.name] = inbox
                 thread.start()
             inbox.put(utt)
-        # Let the engine's thread take the GIL now (sleep releases it): it starts this row's clock
-        # at once instead of when the loop next blocks, after every other line of the burst. The
-        # rows' first chunks then come as spread out as their lines arrived, and the loop
-        # publishes each while the next is computed, instead of 100 in one clump (a burst of 100
-        # rooms: 16 ms median added latency instead of 19, three alternating runs each).
-        time.sleep(0)
+        # Let the engine's thread take the GIL (sleep releases it) once this loop turn has handed
+        # over what it had: the rows the runner admitted in the turn (one read's worth of a
+        # burst) start at the engine's next wake-up, not when the loop next blocks, which in a
+        # burst is after the next reads' admission too. A hand-over per row instead made the loop
+        # wait for the engine thread's wake-up once per line, about 150 us each on two busy
+        # cores: per turn, a burst of 100 rooms costs the worker 15 to 28 % less CPU per line
+        # (docs/benchmarks.md, "Where a burst's median line waits").
+        if not self._handing:
+            self._handing = True
+            asyncio.get_running_loop().call_soon(self._hand)
+
+    def _hand(self) -> None:
+        self._handing = False
+        time.sleep(0)  # the GIL goes to a thread waiting for it; back when that one blocks
 
     def _left(self, name: str) -> None:
         """A line left engine ``name`` (on the loop): its place is free."""

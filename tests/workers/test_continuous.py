@@ -7,9 +7,11 @@ computing), driven by the real context code with real threads."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
 import uuid
+from collections.abc import Hashable, Iterator
 
 import numpy as np
 import pytest
@@ -19,6 +21,7 @@ from voxroom.protocol import ROOM_RATE, SLICE_SAMPLES
 from voxroom.voices import Catalog
 from workers.cache import AudioCache, CachedLine
 from workers.context import Context
+from workers.engines.base import Admit, Pcm, SynthesisRequest
 from workers.engines.synthetic import SyntheticEngine
 from workers.job import Job, SliceBuffer, Utterance
 from workers.launch import worker_catalog
@@ -191,5 +194,54 @@ async def test_lines_handed_to_an_engine_that_fails_before_taking_them_end_faile
             assert utt.error is not None and "engine gone" in utt.error
             ctx.release(utt)  # as its publisher would: the line's slot is free again
     finally:
+        runner.cancel()
+        ctx.close()
+
+
+class _CountingEngine(SyntheticEngine):
+    """Notes how many lines each of its wake-ups took in (``admit`` with something to give)."""
+
+    def __init__(self) -> None:
+        super().__init__(ttfc_ms=TTFC_MS, rtf=0.05, max_batch=32, continuous=True)
+        self.intakes: list[int] = []
+
+    def stream_continuous(self, admit: Admit) -> Iterator[tuple[Hashable, Pcm | None]]:
+        def counted(timeout: float | None) -> list[tuple[Hashable, SynthesisRequest, threading.Event]] | None:
+            got = admit(timeout)
+            if got:
+                self.intakes.append(len(got))
+            return got
+
+        return super().stream_continuous(counted)
+
+
+async def test_lines_admitted_in_one_loop_turn_reach_the_engine_in_one_wake_up() -> None:
+    """The runner admits a burst's lines in one loop turn and hands the GIL to the engine's
+    thread once, after the turn: the engine takes them in one wake-up and starts them together.
+    Before, the loop waited for the engine thread's wake-up after every line (docs/benchmarks.md,
+    "Where a burst's median line waits"). The switch interval is raised so that the only
+    hand-overs are the context's own, not the interpreter's every 5 ms."""
+    engine = _CountingEngine()
+    catalog = worker_catalog(Catalog.load(), {"synthetic"})
+    ctx = Context("cpu#0", "cpu", {"synthetic": engine}, catalog, queue_size=16, inflight=32)
+    started: list[Utterance] = []
+    runner = asyncio.create_task(ctx.run(started.append))
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(5.0)
+    try:
+        warm = _utterance(1, "Night falls.")  # starts the engine's thread
+        await ctx.queue.put(warm)
+        await asyncio.wait_for(_drain(warm, time.perf_counter()), 10)
+        engine.intakes.clear()
+        burst = [_utterance(seq, f"Line {seq} of the burst.") for seq in range(2, 12)]
+        for utt in burst:  # one loop turn: the queue has room, nothing here suspends
+            ctx.queue.put_nowait(utt)
+        results = await asyncio.wait_for(asyncio.gather(*(_drain(u, time.perf_counter()) for u in burst)), 10)
+        assert [u.job.seq for u in started] == list(range(1, 12))
+        assert engine.intakes == [len(burst)], engine.intakes
+        for (_first_ms, audio), utt in zip(results, burst, strict=True):
+            assert abs(audio.size / ROOM_RATE - engine.duration_s(utt.job.text)) <= SLICE_SAMPLES / ROOM_RATE
+    finally:
+        sys.setswitchinterval(interval)
         runner.cancel()
         ctx.close()
