@@ -36,7 +36,8 @@ if TYPE_CHECKING:
 SAY_HOLD_S = 0.0005
 """The longest a ``say`` waits in its loop turn for later ones to share its write. A burst of 100
 rooms' lines takes the gateway several milliseconds to handle in one turn; held to the turn's end
-they reached Redis's job stream 5 ms later at the median (docs/benchmarks.md)."""
+they reached Redis's job stream 2 to 5 ms later at the median (docs/benchmarks.md, "The burst
+again")."""
 
 STALE_ROOMS_PER_SAY = 64
 """``vx:rooms`` entries past the idle TTL removed by one ``say`` at most: the script's cost stays

@@ -113,8 +113,8 @@ class ContinuousRows:
         # burst) start at the engine's next wake-up, not when the loop next blocks, which in a
         # burst is after the next reads' admission too. A hand-over per row instead made the loop
         # wait for the engine thread's wake-up once per line, about 150 us each on two busy
-        # cores: per turn, a burst of 100 rooms costs the worker 15 to 28 % less CPU per line
-        # (docs/benchmarks.md, "Where a burst's median line waits").
+        # cores: per turn, a burst of 100 rooms costs the worker 15 to 29 % less CPU per line
+        # (docs/benchmarks.md, "The burst again").
         if not self._handing:
             self._handing = True
             asyncio.get_running_loop().call_soon(self._hand)
