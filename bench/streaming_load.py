@@ -108,6 +108,14 @@ class Metered:
     def stream_batch(self, requests: Any, cancel: Any) -> Iterator[Any]:
         return self._timed(self._inner.stream_batch(requests, cancel))
 
+    @property
+    def stream_timed(self) -> Callable[[Any, threading.Event], Iterator[Any]]:
+        # A line alone goes through ``stream_timed`` where the engine has one (workers/batching.py
+        # looks for it with getattr), so it is timed like the others; an engine without it raises
+        # AttributeError here and in __getattr__ alike.
+        timed = self._inner.stream_timed
+        return lambda request, cancel: self._timed(timed(request, cancel))
+
     def stream_continuous(self, admit: Callable[[float | None], Any]) -> Iterator[tuple[Hashable, Any]]:
         def metered(timeout: float | None) -> Any:
             if timeout is not None:
