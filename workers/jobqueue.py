@@ -5,14 +5,24 @@ Before, it was one FIFO: a room that queued 16 lines made every room behind it w
 syntheses (13.7 s to another room's first audio, issue 14). Now each room has a FIFO of its own
 and the runner takes, of the rooms that run out of audio soonest, the next one in turn:
 
-- **Rooms in turn.** The rooms are served round robin: a room whose line was taken goes to the
-  back of the rotation. One room's backlog delays another room's line by at most one line of
-  each room ahead of it in the rotation (usually none, see the next point).
+- **Rooms in turn, the fewest lines taken first.** Each room carries a turn number, its next
+  line's start tag in start-time fair queuing with one line as the unit: a room that begins to
+  queue starts at the clock (the highest turn taken so far), or at its own next turn if a line of
+  it was taken since the clock passed that; each line taken moves its room's turn on by one. The
+  runner takes the lowest, and among equals the room first in the rotation (a room whose line
+  was taken goes to the back). So a room that arrives while another room's backlog runs waits
+  for at most the one line of it already taken, however the two rooms' lines were read into the
+  queue. Before, the flooding room went back in the rotation *ahead* of rooms that came after its
+  first line (the worker reads a flood a few lines at a time), and its second line came before
+  them once its audio ran low: two flood lines at the worst (issue 14).
 - **Playout deadline first.** ``buffered_ms(room)`` says how much audio of the room this worker
   holds and has not yet published (the context's pool sums it over the room's lines in
   synthesis or waiting to publish). A room with less than :data:`URGENT_MS` buffered (nothing
   playing, or its last line nearly done) goes before a room whose audio still plays for seconds,
-  which can wait: its next line cannot play before the current one ends anyway.
+  which can wait: its next line cannot play before the current one ends anyway. Among the rooms
+  about to run out, the turn numbers decide: a room that has had more lines waits, so a flood
+  whose audio runs low may leave a short gap while rooms wait for their first line, rather than
+  make them wait for a second line of it.
 - **A room's lines in order.** Within a room, lines are taken in ``seq`` order.
 
 Bounds: ``maxsize`` counts *ready* lines (each room's first queued line, plus a line put back);
@@ -50,6 +60,13 @@ URGENT_MS = 1000.0
 urgent (served in turn); a room with more waits behind them, the most buffered last."""
 
 
+AFTER_MAX = 4096
+"""Most rooms whose next turn is kept after their queue here emptied (see ``JobQueue._after``).
+The clock moves on whenever a room's later line is taken, and drops every turn it reaches, so
+this only bounds a queue that sees thousands of rooms say one line each and no second; a room
+forgotten starts level with the rest."""
+
+
 def _nothing_buffered(room: str) -> float:
     del room
     return 0.0
@@ -70,6 +87,14 @@ class JobQueue:
         self._rooms: OrderedDict[str, deque[Utterance]] = OrderedDict()
         """Each room's queued lines in ``seq`` order; the dict's order is the rotation. In FIFO
         mode one deque under the key ``""`` holds every job."""
+        self._turns: dict[str, int] = {}
+        """Each queued room's turn number (fair mode): its next line's start tag in lines."""
+        self._clock = 0
+        """The highest turn number taken so far: where a room that begins to queue starts."""
+        self._after: dict[str, int] = {}
+        """The next turn of rooms whose queue here emptied, kept while it is ahead of the clock:
+        a room whose next line is read after its last one was taken (a flood read a line at a
+        time) goes on from its own turn, not level with rooms that have had nothing."""
         self._size = 0
         self._ready = asyncio.Event()
 
@@ -109,7 +134,13 @@ class JobQueue:
         """Raises ``asyncio.QueueFull`` when it does not fit (:meth:`fits`)."""
         if not self.fits(utt):
             raise asyncio.QueueFull
-        lines = self._rooms.setdefault(utt.job.room if self.fair else "", deque())
+        name = utt.job.room if self.fair else ""
+        lines = self._rooms.get(name)
+        if lines is None:
+            lines = self._rooms[name] = deque()
+            # A room that begins to queue starts level with the line taken last (or later, if
+            # it had lines since): ahead of a room that has had more, behind none before it.
+            self._turns[name] = max(self._clock, self._after.pop(name, 0))
         if not lines or not self.fair or lines[-1].job.seq <= utt.job.seq:
             lines.append(utt)
         else:  # out of order (a later line read first): still taken in seq order
@@ -151,19 +182,32 @@ class JobQueue:
         lines = self._rooms[name]
         utt = lines.popleft()
         self._size -= 1
+        turn = self._turns[name]
+        if turn > self._clock:
+            self._clock = turn
+            # Turns the clock has reached say nothing any more (a room starts there anyway).
+            self._after = {room: after for room, after in self._after.items() if after > turn}
         if lines:
+            self._turns[name] = turn + 1
             self._rooms.move_to_end(name)  # its turn is over: to the back of the rotation
         else:
             del self._rooms[name]
+            del self._turns[name]
+            self._after[name] = turn + 1
+            if len(self._after) > AFTER_MAX:  # bounded: the oldest is forgotten (starts level)
+                del self._after[next(iter(self._after))]
         return utt
 
     def _next_room(self, accept: Accept | None = None) -> str | None:
-        """The first room in the rotation among those that run out of audio soonest, of those
-        whose next line ``accept`` takes (a room passed over keeps its place in the rotation).
-        At most ``maxsize`` rooms are looked at (each a few dict lookups): cheap per job.
-        ``None``: no room has a line that may be taken."""
+        """Of the rooms whose next line ``accept`` takes (a room passed over keeps its place),
+        the one that runs out of audio soonest (under :data:`URGENT_MS` counts as now), then the
+        lowest turn number, then the first in the rotation. Stops at the first room that
+        nothing can beat (every room of a burst: they all start level), else looks at every
+        queued room, at most ``maxsize`` (each a few dict lookups). ``None``: no room has a line
+        that may be taken."""
         best: str | None = None
-        best_key = float("inf")
+        best_key = (float("inf"), 0)
+        lowest = min(self._turns.values(), default=0)
         for name, lines in self._rooms.items():
             if accept is not None and not accept(lines[0]):
                 if not self.fair:
@@ -172,10 +216,10 @@ class JobQueue:
             if not self.fair:
                 return name
             buffered = self.buffered_ms(name)
-            key = 0.0 if buffered < URGENT_MS else buffered
+            key = (0.0 if buffered < URGENT_MS else buffered, self._turns[name])
             if key < best_key:
                 best, best_key = name, key
-                if key == 0.0:
+                if key == (0.0, lowest):
                     break
         return best
 

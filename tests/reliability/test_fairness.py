@@ -5,12 +5,17 @@ gateway's ingress script writes them to ``vx:jobs``.
 
 First come first served, the 20 rooms waited for all 16 syntheses of the flood (20 s here),
 long after the flooding room's third line had begun to play. Fair, each single-line room's
-first audio (its ``start`` entry) comes before the flooding room's third line starts: they wait
-for at most one line of the flood. Judged by the order of the ``start`` entries in Redis (the
+first audio (its ``start`` entry) comes before the flooding room's second line starts: they wait
+for the one line of the flood already taken when they came, and for no other (before the turn
+numbers of ``workers/jobqueue.py``, the flood's second line went ahead of the rooms still waiting
+once its first line's audio ran low). Judged by the order of the ``start`` entries in Redis (the
 stream ids are Redis's clock), never by milliseconds.
 
-The synthetic engine sleeps instead of computing, at a real-time factor of 0.2 here: a 6 s line
-of the flood takes 1.25 s to make, a single line under 0.2 s.
+The synthetic engine sleeps instead of computing, at a real-time factor of 0.2 here: a 5.5 s
+line of the flood takes 1.15 s to make (with its 50 ms to first chunk), a 1.9 s single line
+0.44 s. So the 20 single lines take 9 s to make, one after another, and the flood's first line
+is nearly played (under a second of it left, as urgent as a room that waits) while about half of
+them still wait: the moment its second line went ahead of them before.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from tests.workers.outputs import Out, add_jobs, problems, read_out
 from voxroom.redis_server import RedisServer
 
 FLOOD = "The werewolves wake up and choose, in silence, who will not see the morning."  # about 6 s
-SINGLE = "Hi there."  # under a second
+SINGLE = "Good evening to all of you."  # 1.9 s
 ROOMS = 20
 ENV = {"VOXROOM_CACHE_SLOTS": "0", "VOXROOM_OPUS_BITRATE": "0", "VOXROOM_SYNTHETIC_TTFC_MS": "50",
        "VOXROOM_SYNTHETIC_RTF": "0.2"}
@@ -43,7 +48,7 @@ def start_of(entries: list[Out], seq: int) -> Out | None:
     return next((e for e in entries if e.kind == "start" and e.seq == seq), None)
 
 
-async def test_single_line_rooms_start_before_a_flooding_rooms_third_line(own_redis: RedisServer, r: Redis,
+async def test_single_line_rooms_start_before_a_flooding_rooms_second_line(own_redis: RedisServer, r: Redis,
                                                                           raw: Redis, tmp_path: Path) -> None:
     worker = start_worker(own_redis.url, tmp_path, engine="synthetic", contexts=1, name="fair", **ENV)
     try:
@@ -55,7 +60,8 @@ async def test_single_line_rooms_start_before_a_flooding_rooms_third_line(own_re
         while True:
             flood = await read_out(raw, "flood")
             got = {room: await read_out(raw, room) for room in singles}
-            if start_of(flood, 3) is not None and all(start_of(out, 1) for out in got.values()):
+            # Every single line whole (its end is in), and the flood's second line begun.
+            if start_of(flood, 2) is not None and all(any(e.kind == "end" for e in out) for out in got.values()):
                 break
             assert worker.alive(), worker.log_text()[-3000:]
             assert time.monotonic() < deadline, (
@@ -63,14 +69,14 @@ async def test_single_line_rooms_start_before_a_flooding_rooms_third_line(own_re
                 f"{sum(1 for out in got.values() if start_of(out, 1))}/{ROOMS}")
             await asyncio.sleep(0.1)
 
-        third = stamp(next(e.entry_id for e in flood if e.kind == "start" and e.seq == 3))
+        second = stamp(next(e.entry_id for e in flood if e.kind == "start" and e.seq == 2))
         firsts = {room: stamp(next(e.entry_id for e in out if e.kind == "start")) for room, out in got.items()}
-        late = [room for room, first in firsts.items() if first > third]
-        assert late == [], f"{len(late)} of {ROOMS} single-line rooms started after the flood's third line"
+        late = [room for room, first in firsts.items() if first > second]
+        assert late == [], f"{len(late)} of {ROOMS} single-line rooms started after the flood's second line"
         # And they were whole lines, not starts alone.
         for room in singles:
             assert problems(await read_out(raw, room), 1) == [], room
-        assert problems([e for e in flood if e.seq <= 2], 2) == []
+        assert problems([e for e in flood if e.seq <= 1], 1) == []
     finally:
         worker.stop()
 
