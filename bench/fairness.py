@@ -11,7 +11,9 @@ the same rooms with no flood at all (what one context's queueing costs them anyw
 should add at most one of its lines). Time to first audio of a single-line room: the gateway's
 accept stamp (the job's ``time``) to its ``start`` entry in the room's output stream (the entry
 travels with the first slice; its id is Redis's clock, the same host's). The gateway's own hop
-is left out: it is the same in every mode.
+is left out: it is the same in every mode. What the fair order costs the flooding room: the
+silence between its first line and its second (on one saturated context, the rooms that have had
+no line go first).
 
 The synthetic engine sleeps instead of computing; ``--rtf`` sets how long a line takes to make
 (0.2: a 5.4 s line of the flood takes about 1.1 s, one line's synthesis; a single line 0.3 s). The
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import statistics
 import sys
 import tempfile
@@ -36,6 +39,7 @@ from redis.asyncio import Redis  # noqa: E402
 from tests.support.processes import start_worker  # noqa: E402
 from tests.workers.outputs import add_jobs  # noqa: E402
 from voxroom import keys, redis_client  # noqa: E402
+from voxroom.protocol import SLICE_MS  # noqa: E402
 from voxroom.redis_server import RedisServer  # noqa: E402
 
 FLOOD = "The werewolves wake up and choose, in silence, who will not see the morning."  # about 6 s
@@ -44,9 +48,9 @@ CHARS_PER_SECOND = 14.0  # the synthetic engine's speaking rate (workers/engines
 
 
 async def one_run(url: str, logs: Path, *, fair: bool, tag: str, rooms: int, flood: int, rtf: float,
-                  ttfc_ms: float) -> tuple[list[float], float | None]:
-    """(each single-line room's time to first audio in ms, the flood's first line's; ``None``
-    without a flood)."""
+                  ttfc_ms: float) -> tuple[list[float], float | None, float | None]:
+    """(each single-line room's time to first audio in ms, the flood's first line's, the flood's
+    silence between its first and second lines; both ``None`` without a flood)."""
     env = {"VOXROOM_CACHE_SLOTS": "0", "VOXROOM_OPUS_BITRATE": "0", "VOXROOM_SYNTHETIC_TTFC_MS": str(ttfc_ms),
            "VOXROOM_SYNTHETIC_RTF": str(rtf), "VOXROOM_CONTEXT_FAIR": "1" if fair else "0"}
     worker = start_worker(url, logs, engine="synthetic", contexts=1, name=f"worker-{tag}", **env)
@@ -74,11 +78,38 @@ async def one_run(url: str, logs: Path, *, fair: bool, tag: str, rooms: int, flo
                 raise TimeoutError(f"{len(firsts)} of {len(watched)} rooms started")
             await asyncio.sleep(0.05)
         waits = [firsts[room] - accepted[room] for room in singles]
-        return waits, firsts[flood_room] - accepted[flood_room] if flood else None
+        if not flood:
+            return waits, None, None
+        return waits, firsts[flood_room] - accepted[flood_room], await flood_silence(url, flood_room, deadline)
     finally:
         worker.kill()
         await r.flushall()
         await r.aclose()
+
+
+async def flood_silence(url: str, room: str, deadline: float) -> float:
+    """What the fair order costs the flooding room: the silence between its first line's audio
+    and its second's, in ms (0 when the second came in time). Each line's ``start`` entry goes out
+    with its first slice, the same lead before it plays, so the gap is the distance between the
+    two starts less the first line's length (the synthetic engine's: its text at
+    ``CHARS_PER_SECOND``, in whole slices)."""
+    starts: dict[int, float] = {}
+    after = b"-"
+    raw: Redis = redis_client.from_url(url)  # the chunk entries hold audio: bytes, not text
+    try:
+        while 2 not in starts:
+            for entry_id, fields in await raw.xrange(keys.room_output(room), min=after, count=64):
+                after = b"(" + entry_id
+                if fields.get(b"kind") == b"start":
+                    starts[int(fields[b"seq"])] = float(entry_id.split(b"-")[0])
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"room {room}: no second line")
+            await asyncio.sleep(0.05)
+    finally:
+        await raw.aclose()
+    # The line plays in whole slices: its last one is padded with silence.
+    played_ms = math.ceil(1000 * len(FLOOD) / CHARS_PER_SECOND / SLICE_MS) * SLICE_MS
+    return max(0.0, starts[2] - starts[1] - played_ms)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -98,28 +129,32 @@ async def main() -> None:
     modes = ("fifo", "fair", "alone")
     results: dict[str, list[float]] = {mode: [] for mode in modes}
     flood_first: dict[str, list[float]] = {mode: [] for mode in modes}
+    flood_gap: dict[str, list[float]] = {mode: [] for mode in modes}
     with RedisServer() as server, tempfile.TemporaryDirectory() as tmp:
         for n in range(args.rounds):
             for mode in (modes if n % 2 == 0 else modes[::-1]):
-                waits, first = await one_run(server.url, Path(tmp), fair=mode != "fifo", tag=f"{mode}{n}",
+                waits, first, gap = await one_run(server.url, Path(tmp), fair=mode != "fifo", tag=f"{mode}{n}",
                                              rooms=args.rooms, flood=args.flood if mode != "alone" else 0,
                                              rtf=args.rtf, ttfc_ms=args.ttfc_ms)
                 results[mode] += waits
-                if first is not None:
+                if first is not None and gap is not None:
                     flood_first[mode].append(first)
+                    flood_gap[mode].append(gap)
                 print(f"round {n} {mode}: single-line rooms p50 {statistics.median(waits):.0f} ms, "
                       f"max {max(waits):.0f} ms", file=sys.stderr)
     print(f"\nOne flooding room ({args.flood} lines of {len(FLOOD) / CHARS_PER_SECOND:.1f} s), then {args.rooms} "
           f"rooms with one line each; one context, synthetic engine rtf {args.rtf}, first chunk "
           f"{args.ttfc_ms:.0f} ms: one flood line's synthesis is about {line_ms:.0f} ms. {args.rounds} rounds.\n")
-    print("| scheduling | single-line rooms: first audio p50 | p95 | max | flood's first line |")
-    print("|---|---|---|---|---|")
+    print("| scheduling | single-line rooms: first audio p50 | p95 | max | flood's first line | flood's silence "
+          "before its second line |")
+    print("|---|---|---|---|---|---|")
     for mode, label in (("fifo", "first come first served (`VOXROOM_CONTEXT_FAIR=0`)"),
-                        ("fair", "rooms in turn, playout deadline first (default)"),
+                        ("fair", "rooms in turn, the fewest lines first, playout deadline first (default)"),
                         ("alone", "no flood at all (the single-line rooms alone, default)")):
-        v, f = results[mode], flood_first[mode]
+        v, f, g = results[mode], flood_first[mode], flood_gap[mode]
         print(f"| {label} | {statistics.median(v):.0f} ms | {pct(v, 0.95):.0f} ms | {max(v):.0f} ms | "
-              f"{f'{statistics.median(f):.0f} ms' if f else '-'} |")
+              f"{f'{statistics.median(f):.0f} ms' if f else '-'} | "
+              f"{f'{statistics.median(g):.0f} ms (max {max(g):.0f})' if g else '-'} |")
 
 
 if __name__ == "__main__":
