@@ -212,6 +212,54 @@ def test_more_rows_than_max_batch_wait_for_a_slot(tiny_dir: Path) -> None:
         e.close()
 
 
+STORY = request("The first sentence is here. The second one follows it. A third one ends the story.", "a")
+PIECE = 30 * 512 - 256
+"""Samples of one 30-step piece with no fades (0.63 s): every step is 512 samples, the last half
+step held back."""
+
+
+@pytest.mark.parametrize(("yield_ahead_s", "seconds_per_clock_read", "yields"), [
+    (1.0, 0.0, True),  # the clock stands still: the story's lead is all its audio, 1.26 s after two pieces
+    (2.0, 0.0, False),  # the default: 1.26 s is not far enough ahead
+    (1.0, 10.0, False),  # the clock runs: what was made has been played, no lead at all
+])
+def test_a_line_far_ahead_of_its_playout_yields_its_row_at_a_piece_boundary(
+        tiny_dir: Path, yield_ahead_s: float, seconds_per_clock_read: float, yields: bool) -> None:
+    """One row (``max_batch`` 1): a three-piece story starts alone and a line joins at turn 5, to
+    wait for the row. After the story's first piece its lead (0.63 s) is under ``yield_ahead_s``,
+    so its second piece keeps the row. After the second (1.26 s) the late line takes the row
+    before the third piece when that lead is far enough ahead; otherwise it waits for the whole
+    story. Either way both lines are their solo runs."""
+    e = make_engine(tiny_dir, temperature=0.0, fade_ms=0.0, continuous=True, max_batch=1, min_new_tokens=30,
+                    max_new_tokens=30, max_piece_chars=40, yield_ahead_s=yield_ahead_s)
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += seconds_per_clock_read
+        return now[0]
+
+    e.clock = clock
+    heard: list[tuple[Hashable, int]] = []
+    try:
+        pieces, _ = e.plan(STORY)
+        assert len(pieces) == 3
+        s = Script(e, {0: [("story", STORY)], 5: [("late", ONE)]}).run(
+            lambda script, key: heard.append((key, len(script.chunks[key][-1]))))
+        assert s.done == {"story": 1, "late": 1}
+        first_late = next(i for i, (key, _) in enumerate(heard) if key == "late")
+        last_late = max(i for i, (key, _) in enumerate(heard) if key == "late")
+        story_before = sum(n for key, n in heard[:first_late] if key == "story")
+        assert story_before == (2 if yields else 3) * PIECE
+        # the late line spoke whole, in one run, and the story went on after it only if it yielded
+        assert all(key == "late" for key, _ in heard[first_late:last_late + 1])
+        assert sum(n for key, n in heard[last_late:] if key == "story") == (PIECE if yields else 0)
+        assert e.batcher is not None and e.batcher.yields == int(yields)
+        for key, req in (("story", STORY), ("late", ONE)):
+            assert_same(s.audio(key), solo(e, req))
+    finally:
+        e.close()
+
+
 def test_admit_none_returns_and_a_bad_request_fails_alone(cont: ChatTTSEngine) -> None:
     from voxroom.voices import Voice
 

@@ -13,7 +13,9 @@ slot. Every turn of :meth:`ContinuousBatcher.serve` is one GPT step::
     forward             one decode step for the rows left
 
 A multi-piece utterance keeps its place: when a piece ends its next piece joins at the next step
-(its own prefill, its own speaker embedding), before any newer request. Per-row sampling state
+(its own prefill, its own speaker embedding), before any newer request, unless its line is far
+ahead of its playout while other lines wait for a row (:data:`YIELD_AHEAD_S`): then it yields the
+row to them, at the piece boundary, where a row carries no KV state, so yielding costs nothing. Per-row sampling state
 (the repetition window, the minimum length, the step count) is the row's own, so with argmax
 sampling a row's codes, and therefore its audio, are those of the same row run alone up to float
 rounding, whatever joins or leaves around it.
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
@@ -48,8 +51,19 @@ log = logging.getLogger("voxroom.engine.chattts")
 
 Event = tuple[Hashable, Pcm | list[WordMark] | None]
 
+YIELD_AHEAD_S = 2.0
+"""A line whose audio runs this far ahead of its playout gives its row, at a piece boundary, to
+lines waiting for one that are not (issue 14: "rows already playing far ahead of their deadline
+may yield steps"). The lead is the line's audio made less the time since its first chunk: it
+assumes playback began with that chunk, the earliest it could, so it never overstates what the
+room has buffered (the room's earlier lines and the client's jitter buffer only add to it).
+Two seconds: one that the issue says a room can wait, and one for the piece's prefill, its first
+chunk and a row to come free again; the lead only falls from there, so a line that yielded
+joins ahead of newer ones before its audio runs out. Mid-piece a row is not paused: that would
+park its KV cache outside the batch, for a gain a piece later."""
 
-@dataclass(slots=True)
+
+@dataclass(slots=True, eq=False)  # a job is itself: compared by identity (``in``, ``remove``)
 class Job:
     """One request: its text pieces, the speaker embedding of each, and where it is."""
     key: Hashable
@@ -59,6 +73,14 @@ class Job:
     piece: int = 0
     timer: PieceTimer | None = None
     """Gives each finished piece's word marks (over the request's text); ``None``: no marks."""
+    heard_s: float = 0.0
+    """Seconds of audio handed out so far, every piece."""
+    started: float | None = None
+    """The batcher's clock at the first chunk (``None`` before it)."""
+
+    def lead(self, now: float) -> float:
+        """Seconds of this line's audio not yet played at ``now``, at most (see :data:`YIELD_AHEAD_S`)."""
+        return 0.0 if self.started is None else self.heard_s - (now - self.started)
 
 
 @dataclass(slots=True)
@@ -83,7 +105,8 @@ class ContinuousBatcher:
 
     def __init__(self, gen: Generator, params: SamplingParams, *, max_rows: int,
                  normalize: Callable[[str], str], new_decoder: Callable[[], IncrementalDecoder],
-                 new_fader: Callable[[], Fader], on_done: Callable[[], None]) -> None:
+                 new_fader: Callable[[], Fader], on_done: Callable[[], None], sample_rate: int,
+                 yield_ahead_s: float = YIELD_AHEAD_S, clock: Callable[[], float] = time.monotonic) -> None:
         self.gen = gen
         self.params = params
         self.max_rows = max_rows
@@ -94,6 +117,9 @@ class ContinuousBatcher:
         self.new_decoder = new_decoder
         self.new_fader = new_fader
         self.on_done = on_done
+        self.sample_rate = sample_rate
+        self.yield_ahead_s = yield_ahead_s
+        self.clock = clock
         llama = gen.llama
         self.llama = llama
         self.dtype = next(llama.parameters()).dtype if _has_float_params(llama) else torch.float32
@@ -103,6 +129,8 @@ class ContinuousBatcher:
         self.window = max((int(getattr(p, "past_window", 0)) for p in self.processors), default=0)
         self.steps = 0
         """GPT forward passes (prefills and decode steps) so far, for tests and benchmarks."""
+        self.yields = 0
+        """Times a line far ahead of its playout let a waiting line take a row first."""
         self.waiting: deque[Job] = deque()
         self._reset()
 
@@ -140,7 +168,7 @@ class ContinuousBatcher:
             yield from self._drop_cancelled()
             free = self.max_rows - len(self.rows)
             if free > 0 and self.waiting:
-                self._join([self.waiting.popleft() for _ in range(min(free, len(self.waiting)))])
+                self._join(self._take(free))
             if not self.rows:
                 continue
             yield from self._sample()
@@ -159,6 +187,22 @@ class ContinuousBatcher:
             self._keep([i for i, row in enumerate(self.rows) if not row.job.cancel.is_set()])
             events += [(row.job.key, None) for row in gone]
         return events
+
+    def _take(self, free: int) -> list[Job]:
+        """The waiting jobs that get the ``free`` rows, out of the queue: in their order, except
+        that when more wait than there are rows, lines far ahead of their playout
+        (:data:`YIELD_AHEAD_S`) go after the lines that are not."""
+        if len(self.waiting) <= free:
+            taken = list(self.waiting)
+            self.waiting.clear()
+            return taken
+        now = self.clock()
+        queued = list(self.waiting)
+        order = sorted(queued, key=lambda job: job.lead(now) >= self.yield_ahead_s)  # stable
+        taken = order[:free]
+        self.yields += sum(1 for job in queued[:free] if job not in taken)
+        self.waiting = deque(order[free:])
+        return taken
 
     @torch.inference_mode()
     def _join(self, jobs: list[Job]) -> None:
@@ -230,7 +274,7 @@ class ContinuousBatcher:
             else:
                 self.on_done()
                 events.append((job.key, None))
-        # An utterance's next piece keeps its place ahead of newer requests.
+        # An utterance's next piece keeps its place ahead of newer requests (unless far ahead: _take).
         self.waiting.extendleft(reversed(next_pieces))
         if self.window:
             self.codes = torch.cat([self.codes[:, :, 1:], idx.unsqueeze(-1)], dim=2)
@@ -246,6 +290,9 @@ class ContinuousBatcher:
         events: list[Event] = []
         if len(chunk):
             out = row.fader.apply(np.clip(chunk, -1.0, 1.0), final)
+            if job.started is None:
+                job.started = self.clock()
+            job.heard_s += len(out) / self.sample_rate
             if job.timer is not None:
                 row.heard.append(out)
             events.append((job.key, out))

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Hashable, Iterator, Sequence
+import time
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,7 @@ import torch
 from voxroom.errors import EngineError
 from voxroom.voices import Voice
 from workers.engines.base import Admit, Pcm, SynthesisRequest
-from workers.engines.chattts.continuous import ContinuousBatcher, Job
+from workers.engines.chattts.continuous import YIELD_AHEAD_S, ContinuousBatcher, Job
 from workers.engines.chattts.generation import Generator, RowProgress, SamplingParams
 from workers.engines.chattts.loader import load_chat
 from workers.engines.chattts.speakers import SPEAKER_CACHE, SpeakerBank, VoiceLookup, switch_steps, transition
@@ -56,7 +57,9 @@ class ChatTTSEngine:
     ``word_marks`` (:meth:`stream_batch` and :meth:`stream_continuous` also yield each row's word
     marks, piece by piece: see :meth:`stream_timed`. Off by default so that a caller that reads
     only audio gets only audio; the pool's wrapper, which maps the marks to the line as sent,
-    turns it on: workers/engines/markup.py).
+    turns it on: workers/engines/markup.py); ``yield_ahead_s`` (a continuous row whose line is this
+    far ahead of its playout gives its row to waiting lines at its next piece boundary:
+    ``continuous.YIELD_AHEAD_S``).
     """
 
     name = "chattts"
@@ -72,7 +75,8 @@ class ChatTTSEngine:
                  left_context_steps: int = 16, holdback_steps: int = 8, overlap_samples: int = 1024,
                  max_piece_chars: int = MAX_PIECE_CHARS, voice_lookup: VoiceLookup | None = None,
                  torch_threads: int | None = None, continuous: bool = False,
-                 speaker_cache: int = SPEAKER_CACHE, word_marks: bool = False) -> None:
+                 speaker_cache: int = SPEAKER_CACHE, word_marks: bool = False,
+                 yield_ahead_s: float = YIELD_AHEAD_S) -> None:
         if interpolation_steps < 1 or max_batch < 1 or fade_ms < 0:
             raise EngineError("chattts: interpolation_steps and max_batch must be >= 1, fade_ms >= 0")
         if int8 and bf16:
@@ -109,6 +113,9 @@ class ChatTTSEngine:
         self._gen: Generator | None = None
         self._bank: SpeakerBank | None = None
         self._utterances = 0
+        self.yield_ahead_s = yield_ahead_s
+        self.clock: Callable[[], float] = time.monotonic
+        """What continuous rows' leads are measured on (``continuous.YIELD_AHEAD_S``; tests stop it)."""
         self.batcher: ContinuousBatcher | None = None
         """The running batch of :meth:`stream_continuous` (its ``steps`` count GPT passes)."""
 
@@ -239,7 +246,8 @@ class ChatTTSEngine:
             gen, self.sampling, max_rows=self.max_batch,
             normalize=lambda text: str(chat.normalizer(text, True, True, None)),
             new_decoder=lambda: IncrementalDecoder(self._decode, self.stream_config),
-            new_fader=lambda: Fader(self.fade_samples), on_done=self._utterance_done)
+            new_fader=lambda: Fader(self.fade_samples), on_done=self._utterance_done,
+            sample_rate=self.sample_rate, yield_ahead_s=self.yield_ahead_s, clock=self.clock)
         yield from self.batcher.serve(admit, plan)
 
     def _round(self, gen: Generator, texts: list[str], speakers: list[torch.Tensor], rows: list[int],
