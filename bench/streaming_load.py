@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/streaming_load.py [--engine chattts|synthetic] [--size full|tiny]
         [--gpt bf16] [--threads 2] [--device cpu] [--rooms 1,2,4,8,16] [--seconds 20]
-        [--piece-seconds 2] [--max-batch 8] [--modes windowed,continuous]
+        [--piece-seconds 2] [--max-batch 8] [--modes windowed,continuous] [--yield-ahead-s 2]
 
 Modelled on Riva's perf client (``--streaming``, N concurrent streams, each sending its next request
 when the previous response is complete) and on the continuity metrics vLLM-Omni and SGLang-Omni
@@ -42,7 +42,10 @@ started until then, the lines in flight then finish (cut after ``--drain-s``), a
   both cores of the machine the numbers in docs/benchmarks.md come from).
 
 Only lines that ended normally count in the per-line columns; ``cut`` counts lines the drain limit
-cut. Below the table: per mode, the largest N with C100 = 100 % (the rooms one context holds).
+cut. Below the table: per mode, the largest N with C100 = 100 % (the rooms one context holds), and
+for continuous ChatTTS how often a line far ahead of its playout gave its row to a waiting line at a
+piece boundary (``continuous.YIELD_AHEAD_S``: only when lines wait for rows and run ahead of real
+time, so on a GPU).
 """
 
 from __future__ import annotations
@@ -303,6 +306,9 @@ def main() -> None:
     ap.add_argument("--piece-seconds", type=float, default=2.0, help="ChatTTS: audio per sentence")
     ap.add_argument("--max-batch", type=int, default=8)
     ap.add_argument("--modes", default="windowed,continuous")
+    ap.add_argument("--yield-ahead-s", type=float, default=None, help="ChatTTS continuous: a line this far "
+                    "ahead of its playout yields its row at a piece boundary (default: the engine's, 2 s; "
+                    "inf: never)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--synthetic-rtf", type=float, default=0.2)
     ap.add_argument("--synthetic-ttfc-ms", type=float, default=50.0)
@@ -312,14 +318,20 @@ def main() -> None:
     modes = args.modes.split(",")
     texts = [[common.TEXTS[(i + k) % len(common.TEXTS)] for k in range(2)] for i in range(len(common.TEXTS))]
     engine = Metered(build_engine(args))
+    if args.yield_ahead_s is not None:
+        engine._inner.yield_ahead_s = args.yield_ahead_s
     for mode in modes:  # warm-up: one line each (numba normalizer, allocator, first prefill)
         asyncio.run(cell(engine, mode == "continuous", 1, 0.0, args.drain_s, texts, args.seed))
     rows, holds = [], {mode: 0 for mode in modes}
+    yields: dict[int, int] = {}
     started = time.perf_counter()
     for n in rooms:
         for mode in modes:
             lines, audio, busy, cpu = asyncio.run(cell(engine, mode == "continuous", n, args.seconds, args.drain_s,
                                                        texts, args.seed))
+            batcher = getattr(engine._inner, "batcher", None)  # ChatTTS's, of the cell just run
+            if mode == "continuous" and batcher is not None:
+                yields[n] = batcher.yields
             row, c100 = summary(mode, n, args.seconds, lines, audio, busy, cpu)
             if c100 == 100.0:
                 holds[mode] = max(holds[mode], n)
@@ -337,6 +349,9 @@ def main() -> None:
     for mode in modes:
         print(f"{mode}: largest N with C100 = 100 % and no line cut: {holds[mode] or 'none'} "
               f"(of {args.rooms})")
+    if yields:  # lines far ahead of their playout that let a waiting line take their row first
+        print("continuous: rows yielded at a piece boundary (YIELD_AHEAD_S), by N: "
+              + ", ".join(f"{n}: {k}" for n, k in yields.items()))
 
 
 if __name__ == "__main__":
