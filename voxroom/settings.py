@@ -149,6 +149,10 @@ class Settings:
     GPT batch at the next step instead of waiting for the batch to end, and the context's queue
     picks which line takes each freed row (docs/chattts.md, "Continuous batching").
     ``VOXROOM_CHATTTS_CONTINUOUS=0`` runs windowed batches."""
+    chattts_yield_ahead_s: float = 2.0
+    """A continuous line whose audio runs this many seconds ahead of its playout gives its row, at
+    a piece boundary, to lines waiting for one (docs/chattts.md, "Continuous batching"); ``inf``:
+    never. At least 0."""
     chattts_speaker_cache: int = 256
     """Speaker embeddings each ChatTTS context keeps, least recently used evicted first (at least 1):
     a client can name any mix of voices (``a:2+b``), so the cache needs a bound (docs/chattts.md)."""

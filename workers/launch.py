@@ -82,7 +82,7 @@ def engine_options(name: str, settings: Settings, catalog: Catalog | None = None
                 "max_batch": settings.chattts_max_batch, "continuous": settings.chattts_continuous,
                 "interpolation_steps": settings.chattts_interpolation_steps, "fade_ms": settings.chattts_fade_ms,
                 "seed": settings.chattts_seed, "max_new_tokens": settings.chattts_max_new_tokens,
-                "speaker_cache": settings.chattts_speaker_cache,
+                "speaker_cache": settings.chattts_speaker_cache, "yield_ahead_s": settings.chattts_yield_ahead_s,
                 "voice_lookup": catalog.get if catalog is not None else None}
     if name == "piper":
         return {"solo_threads": settings.piper_solo_threads, "first_piece_words": settings.piper_first_piece_words}

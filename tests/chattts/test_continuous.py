@@ -260,6 +260,25 @@ def test_a_line_far_ahead_of_its_playout_yields_its_row_at_a_piece_boundary(
         e.close()
 
 
+def test_the_yield_setting_reaches_the_engine_and_a_bad_one_is_refused(tiny_dir: Path) -> None:
+    """VOXROOM_CHATTTS_YIELD_AHEAD_S reaches the engine the worker builds (2 s by default, ``inf``
+    never yields); a negative or NaN value is refused with the setting's name."""
+    from voxroom.errors import EngineError
+    from voxroom.settings import Settings
+    from workers.engines import registry
+    from workers.launch import engine_options
+
+    base = {"VOXROOM_CHATTTS_SOURCE": "custom", "VOXROOM_CHATTTS_DIR": str(tiny_dir)}
+    for env, want in (({}, 2.0), ({"VOXROOM_CHATTTS_YIELD_AHEAD_S": "3.5"}, 3.5),
+                      ({"VOXROOM_CHATTTS_YIELD_AHEAD_S": "inf"}, float("inf"))):
+        engine = registry.create_engine("chattts", **engine_options("chattts", Settings.from_env({**base, **env})))
+        assert getattr(engine, "yield_ahead_s", None) == want
+    for bad in ("-1", "nan"):
+        settings = Settings.from_env({**base, "VOXROOM_CHATTTS_YIELD_AHEAD_S": bad})
+        with pytest.raises(EngineError, match="VOXROOM_CHATTTS_YIELD_AHEAD_S"):
+            registry.create_engine("chattts", **engine_options("chattts", settings))
+
+
 def test_admit_none_returns_and_a_bad_request_fails_alone(cont: ChatTTSEngine) -> None:
     from voxroom.voices import Voice
 

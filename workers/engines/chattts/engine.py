@@ -81,6 +81,9 @@ class ChatTTSEngine:
             raise EngineError("chattts: interpolation_steps and max_batch must be >= 1, fade_ms >= 0")
         if int8 and bf16:
             raise EngineError("chattts: choose int8 or bf16, not both")
+        if not yield_ahead_s >= 0:  # NaN too
+            raise EngineError(f"chattts: yield_ahead_s (VOXROOM_CHATTTS_YIELD_AHEAD_S) must be at least 0 "
+                              f"(inf: never yield), got {yield_ahead_s}")
         if speaker_cache < 1:
             raise EngineError(f"chattts: speaker_cache (VOXROOM_CHATTTS_SPEAKER_CACHE) must be at least 1, "
                               f"got {speaker_cache}")
