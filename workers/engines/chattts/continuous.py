@@ -14,8 +14,9 @@ slot. Every turn of :meth:`ContinuousBatcher.serve` is one GPT step::
 
 A multi-piece utterance keeps its place: when a piece ends its next piece joins at the next step
 (its own prefill, its own speaker embedding), before any newer request, unless its line is far
-ahead of its playout while other lines wait for a row (:data:`YIELD_AHEAD_S`): then it yields the
-row to them, at the piece boundary, where a row carries no KV state, so yielding costs nothing. Per-row sampling state
+ahead of its playout while other lines wait for a row (:data:`YIELD_AHEAD_S`): then it yields
+the row to them, at the piece boundary, where a row carries no KV state, so yielding costs
+nothing. Per-row sampling state
 (the repetition window, the minimum length, the step count) is the row's own, so with argmax
 sampling a row's codes, and therefore its audio, are those of the same row run alone up to float
 rounding, whatever joins or leaves around it.
@@ -79,7 +80,8 @@ class Job:
     """The batcher's clock at the first chunk (``None`` before it)."""
 
     def lead(self, now: float) -> float:
-        """Seconds of this line's audio not yet played at ``now``, at most (see :data:`YIELD_AHEAD_S`)."""
+        """Seconds of this line's audio not yet played at ``now``, at least: playback may have
+        begun after the first chunk, never before (see :data:`YIELD_AHEAD_S`)."""
         return 0.0 if self.started is None else self.heard_s - (now - self.started)
 
 
