@@ -49,6 +49,8 @@ export const CloseCode = Object.freeze({
   NORMAL: 1000,
   GOING_AWAY: 1001,
   UNSUPPORTED_DATA: 1003,
+  /** A text frame that is not UTF-8 (RFC 6455 8.1): a client bug, as 1003. */
+  INVALID_DATA: 1007,
   POLICY_VIOLATION: 1008,
   MESSAGE_TOO_BIG: 1009,
   INTERNAL_ERROR: 1011,

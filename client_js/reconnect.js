@@ -3,13 +3,15 @@
 // Full jitter (a uniform delay in [0, min(cap, base·2^attempt)]) spreads a room's listeners out
 // after an outage instead of having them all knock at the same instant. A close with 1012 is the
 // server restarting on purpose and asking us back at once; 1013 means "full, try later", so it
-// waits at least a second; 1008 (bad token, bad room) and 1003 will not get better by retrying.
+// waits at least a second; 1008 (bad token, bad room), 1003 and 1007 (bytes this client should
+// never have sent) will not get better by retrying.
 
 import { CloseCode } from './protocol.js';
 
 /** Close codes after which reconnecting cannot help. */
 /** @type {Set<number>} */
-const FATAL = new Set([CloseCode.NORMAL, CloseCode.UNSUPPORTED_DATA, CloseCode.POLICY_VIOLATION]);
+const FATAL = new Set([CloseCode.NORMAL, CloseCode.UNSUPPORTED_DATA, CloseCode.INVALID_DATA,
+  CloseCode.POLICY_VIOLATION]);
 
 export class ReconnectPolicy {
   /**

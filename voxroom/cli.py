@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from voxroom import logredact
+from voxroom import client_faults_log, logredact
 from voxroom.errors import VoxroomError
 from voxroom.settings import Settings
 
@@ -70,6 +70,8 @@ def _run_gateway(settings: Settings) -> None:
                             log_config=None if settings.log_format == "json" else uvicorn.config.LOGGING_CONFIG)
     # After uvicorn configured its loggers: tokens in WebSocket URLs must never reach a log.
     logredact.install()
+    # A text frame that is not UTF-8 is the client's fault: a warning line, not an ERROR traceback.
+    client_faults_log.install()
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then restores the previous handlers and
     # raises the signal again. A stop that was asked for is a clean exit: let the re-raised
     # SIGTERM land on a handler that does nothing (SIGINT becomes KeyboardInterrupt, caught below).

@@ -88,6 +88,7 @@ class CloseCode:
     NORMAL: Final = 1000
     GOING_AWAY: Final = 1001
     UNSUPPORTED_DATA: Final = 1003  # binary garbage on the control channel
+    INVALID_DATA: Final = 1007  # a text frame that is not UTF-8 (uvicorn closes it: RFC 6455 8.1)
     POLICY_VIOLATION: Final = 1008  # bad room id, bad or missing token, origin refused
     MESSAGE_TOO_BIG: Final = 1009
     INTERNAL_ERROR: Final = 1011

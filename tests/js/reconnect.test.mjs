@@ -30,7 +30,7 @@ test('1013 waits at least a second, and a busy retry_after_ms is honoured', () =
 
 test('closes that retrying cannot fix do not reconnect', () => {
   const p = new ReconnectPolicy();
-  for (const code of [1000, 1003, 1008]) assert.equal(p.next(code), null);
+  for (const code of [1000, 1003, 1007, 1008]) assert.equal(p.next(code), null);
   const limited = new ReconnectPolicy({ maxAttempts: 2 });
   assert.notEqual(limited.next(1006), null);
   assert.notEqual(limited.next(1006), null);

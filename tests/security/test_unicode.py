@@ -24,6 +24,7 @@ from tests.conftest import Stack
 from tests.security.clients import QueryClient, close_of, connect, next_json, ws_url
 from tests.security.gauges import wait_connections
 from tests.support.processes import Proc, start_gateway
+from voxroom import client_faults_log
 from voxroom.protocol import CloseCode, ErrorCode
 
 MAX_CONNECTIONS = 25
@@ -227,3 +228,45 @@ async def test_invalid_utf8_in_query_parameters_is_never_a_500(gateway: tuple[Pr
     finally:
         await ws.close()
     assert (code, reason) == (CloseCode.POLICY_VIOLATION, "bad client id")
+
+
+# --- text frames whose bytes are not UTF-8 at all --------------------------------------------------
+
+# What a hostile client can put in a text frame that a browser never sends: a surrogate in CESU
+# form, a byte no UTF-8 holds, a sequence cut in half, an overlong "/".
+NOT_UTF8 = [
+    b'{"type":"say","seq":1,"text":"\xed\xa0\x80"}',
+    b'{"type":"ping","t":1.0}\xff',
+    b'{"type":"say","seq":2,"text":"caf\xc3"}',
+    b'{"type":"say","seq":3,"text":"\xc0\xaf"}',
+]
+
+
+async def test_a_text_frame_that_is_not_utf8_closes_1007_with_one_warning_and_the_room_plays_on(
+        gateway: tuple[Proc, int], room: str) -> None:
+    # RFC 6455 (8.1) makes the server fail such a connection: 1007, not bad_message. What must
+    # hold: the close says why, no slot leaks (more tries than the gateway has slots), the room's
+    # other clients lose nothing, and the log gets a warning line, not an ERROR traceback per frame.
+    proc, port = gateway
+    async with QueryClient(port, room, client="narrator") as speaker:
+        await speaker.say("Before the noise.", seq=1)
+        tries = MAX_CONNECTIONS + 5
+        for i in range(tries):
+            ws = await connect(ws_url(port, room))
+            try:
+                await next_json(ws, kind="welcome")
+                await ws.send(NOT_UTF8[i % len(NOT_UTF8)], text=True)
+                code, _ = await close_of(ws)
+            finally:
+                await ws.close()
+            assert code == CloseCode.INVALID_DATA, (i, code)
+        await speaker.say("After the noise.", seq=2)
+        ends = await speaker.wait_ends(2, timeout=60)
+        assert [e["status"] for e in ends] == ["ok", "ok"]
+        assert [s["text"] for s in speaker.got.of("start")] == ["Before the noise.", "After the noise."]
+        assert all(speaker.got.frames_of(e["utterance"]) for e in ends)
+        assert speaker.closed is None
+    assert await wait_connections(port, 0) == 0
+    log = proc.log_text()
+    assert "Traceback" not in log and "Invalid UTF-8 sequence" not in log, log[-3000:]
+    assert log.count(client_faults_log.REWRITTEN) == tries, log[-3000:]
