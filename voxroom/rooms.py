@@ -13,16 +13,21 @@ removed their entry, and show when each room will be gone (``expires s``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from redis import Redis
 from redis.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
 from voxroom import keys
+from voxroom.backoff import REDIS_DOWN
+from voxroom.errors import VoxroomError
+from voxroom.protocol import valid_room_id
 from voxroom.settings import Settings
 
 Client = Redis | RedisCluster
@@ -325,19 +330,40 @@ def render_room(summary: RoomSummary, utterances: Sequence[dict[str, str]], pend
 # -- commands --------------------------------------------------------------------------------------
 
 
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+
+
 def _redis(settings: Settings) -> Client:
     """A cluster client when ``REDIS_URL`` names a cluster node (``INFO cluster``): it discovers
     the other nodes and routes each read to the node of its key."""
     from voxroom.redis_client import cluster_enabled
 
-    url = settings.redis_url or "redis://127.0.0.1:6379/0"
+    url = settings.redis_url or DEFAULT_URL
     if cluster_enabled(url):
         return RedisCluster.from_url(url, socket_timeout=5)
     return Redis.from_url(url, socket_timeout=5)
 
 
+def _without_secrets(url: str) -> str:
+    """``url`` as an operator may see it in a terminal: no user, no password, no query."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2], query=""))
+
+
+@contextlib.contextmanager
+def _answering(settings: Settings) -> Iterator[None]:
+    """An inspection is one look, not a service: a Redis that cannot answer (down, loading, a
+    wrong password) is one line on stderr and exit status 2 (``voxroom.cli.main``), not a
+    traceback."""
+    try:
+        yield
+    except REDIS_DOWN as exc:
+        where = _without_secrets(settings.redis_url or DEFAULT_URL)
+        raise VoxroomError(f"Redis at {where} cannot answer: {exc}") from None
+
+
 def cmd_rooms(settings: Settings, args: argparse.Namespace) -> int:
-    with _redis(settings) as r:
+    with _answering(settings), _redis(settings) as r:
         shards = settings.job_shards
         print(render_rooms(list_rooms(r, args.limit, idle_ttl_s=settings.room_idle_ttl_s, shards=shards),
                            job_groups(r, shards=shards), workers(r)))
@@ -345,7 +371,11 @@ def cmd_rooms(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_room(settings: Settings, args: argparse.Namespace) -> int:
-    with _redis(settings) as r:
+    if not valid_room_id(args.room_id):
+        # The gateway never makes such a room, so Redis cannot hold one: say so rather than
+        # "nothing in Redis", which would send the operator looking for a room that never was.
+        raise VoxroomError(f"not a room id: {args.room_id!r} (1 to 64 of A-Z a-z 0-9 _ -, as the gateway takes)")
+    with _answering(settings), _redis(settings) as r:
         shards = settings.job_shards
         (summary,) = room_summaries(r, [args.room_id], shards=shards)
         if summary.gone:

@@ -109,3 +109,36 @@ async def test_rooms_and_room_tables(filled_redis: str) -> None:
     for gone in ("nosuchroom", "husk"):
         missing = voxroom(filled_redis, "room", gone)
         assert missing.returncode == 1 and "nothing in Redis" in missing.stdout
+
+
+def _one_line_refusal(out: subprocess.CompletedProcess[str]) -> str:
+    """What an operator sees when the look cannot be taken: exit 2, one ``voxroom:`` line on stderr."""
+    assert out.returncode == 2, (out.returncode, out.stdout, out.stderr)
+    assert "Traceback" not in out.stderr and out.stdout == "", out.stderr
+    (line,) = out.stderr.splitlines()
+    assert line.startswith("voxroom: "), line
+    return line
+
+
+@pytest.mark.parametrize("room", ["a:b*", "x" * 65, "x\udcff", "{alpha}", ""])
+def test_room_refuses_what_no_gateway_would_take_as_a_room_id(filled_redis: str, room: str) -> None:
+    # "x\udcff" reaches the command as the byte 0xFF in argv (a mistyped or pasted name).
+    line = _one_line_refusal(voxroom(filled_redis, "room", room))
+    assert line.startswith("voxroom: not a room id: ") and "A-Z a-z 0-9 _ -" in line, line
+
+
+async def test_an_unreachable_or_locked_redis_is_one_line_without_the_password(filled_redis: str) -> None:
+    with RedisServer() as other:
+        closed_url = other.url.replace("redis://", "redis://ops:s3cret@")
+    # Nothing listens there any more: refused.
+    for args in (("rooms",), ("room", "alpha")):
+        line = _one_line_refusal(voxroom(closed_url, *args))
+        assert "cannot answer" in line and "s3cret" not in line and "ops@" not in line, line
+    # A Redis that wants a password the URL does not give.
+    with Redis.from_url(filled_redis) as r:
+        r.config_set("requirepass", "letmein")
+    for args in (("rooms",), ("room", "alpha")):
+        line = _one_line_refusal(voxroom(filled_redis, *args))
+        assert "cannot answer" in line and "authenticat" in line.lower(), line
+    right = filled_redis.replace("redis://", "redis://:letmein@")
+    assert voxroom(right, "room", "nosuchroom").returncode == 1  # the password given: a plain look
