@@ -174,6 +174,10 @@ def cmd_token(args: argparse.Namespace) -> int:
     if not secret:
         print("voxroom token: set VOXROOM_JWT_SECRET or pass --secret", file=sys.stderr)
         return 2
+    if args.ttl < 1:
+        print(f"voxroom token: --ttl must be at least 1 second, not {args.ttl}: the token would be "
+              "expired when minted", file=sys.stderr)
+        return 2
     try:
         print(tokens.mint(secret, args.room, args.role, ttl_s=args.ttl, subject=args.subject))
     except ValueError as exc:

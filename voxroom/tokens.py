@@ -15,6 +15,7 @@ from typing import Literal
 import jwt
 
 from voxroom.errors import VoxroomError
+from voxroom.protocol import valid_room_id
 
 Role = Literal["speaker", "listener"]
 ALGORITHM = "HS256"
@@ -46,8 +47,20 @@ class Grant:
 
 def mint(secret: str, room: str, role: Role, *, ttl_s: int = 3600, subject: str | None = None,
          now: float | None = None) -> str:
+    """A token for ``room`` (or ``*``). Raises ``ValueError`` for what no gateway would accept:
+    a room or subject outside the ids the gateway takes (1 to 64 of ``A-Z a-z 0-9 _ -``), a
+    secret shorter than :data:`MIN_SECRET_BYTES` (a gateway with it refuses to start). A token
+    that is already expired (``ttl_s`` ≤ 0) is the caller's choice: tests need one."""
     if role not in ("speaker", "listener"):
         raise ValueError("role must be speaker or listener")
+    if len(secret.encode()) < MIN_SECRET_BYTES:
+        raise ValueError(f"the secret must be at least {MIN_SECRET_BYTES} bytes, as the gateway's "
+                         "VOXROOM_JWT_SECRET (a gateway refuses to start with a shorter one)")
+    if room != "*" and not valid_room_id(room):
+        raise ValueError(f"not a room id: {room!r} (1 to 64 of A-Z a-z 0-9 _ -, or * for every room)")
+    if subject is not None and not valid_room_id(subject):
+        raise ValueError(f"not a client id: {subject!r} (1 to 64 of A-Z a-z 0-9 _ -): the gateway would "
+                         "close the connection with 'bad client id'")
     if subject and subject.startswith(RESERVED_PREFIXES):
         raise ValueError(f"a token subject may not start with {' or '.join(map(repr, RESERVED_PREFIXES))} "
                          "(self-chosen and generated client ids)")

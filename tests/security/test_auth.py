@@ -202,6 +202,24 @@ async def test_voxroom_token_mints_a_token_the_gateway_accepts(auth_port: int, r
     assert out.returncode == 2 and "VOXROOM_JWT_SECRET" in out.stderr and "Traceback" not in out.stderr
 
 
+@pytest.mark.parametrize(("args", "says"), [
+    (("--room", "a:b"), "not a room id: 'a:b'"),
+    (("--room", "x" * 65), "not a room id"),
+    (("--room", "ok", "--subject", "bad id"), "not a client id: 'bad id'"),
+    (("--room", "ok", "--subject", "s" * 65), "not a client id"),
+    (("--room", "ok", "--ttl", "0"), "--ttl must be at least 1 second, not 0"),
+    (("--room", "ok", "--ttl", "-5"), "--ttl must be at least 1 second, not -5"),
+    (("--room", "ok", "--secret", "x" * 31), "the secret must be at least 32 bytes"),
+])
+def test_voxroom_token_refuses_a_token_no_gateway_would_take(args: tuple[str, ...], says: str) -> None:
+    # Each of these once printed a token: for a room or client id the gateway closes with 1008,
+    # already expired, or signed with a key no gateway may start with (PyJWT only warned).
+    out = _cli("token", *args, secret=SECRET)
+    assert (out.returncode, out.stdout) == (2, ""), (out.returncode, out.stdout, out.stderr)
+    (line,) = out.stderr.splitlines()
+    assert line.startswith("voxroom token: ") and says in line, line
+
+
 @pytest.mark.parametrize(("secret", "message"), [
     (None, "set VOXROOM_JWT_SECRET (room tokens) or pass --insecure-dev"),
     ("x" * 31, "VOXROOM_JWT_SECRET must be at least 32 bytes"),

@@ -56,3 +56,19 @@ def test_a_subject_in_the_generated_namespace_is_refused_both_ways() -> None:
     forged = jwt.encode({"room": "r", "role": "speaker", "exp": 2**40, "sub": "g-1"}, SECRET, algorithm="HS256")
     with pytest.raises(tokens.TokenError, match="may not start"):
         tokens.verify(SECRET, forged, "r")
+
+
+@pytest.mark.parametrize(("room", "kw", "says"), [
+    ("a:b", {}, "not a room id"),
+    ("", {}, "not a room id"),
+    ("r", {"subject": "bob smith"}, "not a client id"),
+    ("r", {"subject": ""}, "not a client id"),
+    ("r", {"secret": "x" * 31}, "at least 32 bytes"),
+])
+def test_mint_refuses_what_the_gateway_refuses(room: str, kw: dict[str, str], says: str) -> None:
+    secret = kw.pop("secret", SECRET)
+    with pytest.raises(ValueError, match=says):
+        tokens.mint(secret, room, "speaker", **kw)  # type: ignore[arg-type]
+    # Every room id the gateway takes, and the wildcard, still mint.
+    for ok in ("*", "r", "A-z_0" * 12 + "abcd"):
+        assert tokens.verify(SECRET, tokens.mint(SECRET, ok, "speaker", subject="bob_1"), "r" if ok == "*" else ok)
