@@ -34,7 +34,7 @@ def _settings(args: argparse.Namespace) -> Settings:
             changes[name] = value
     if getattr(args, "insecure_dev", False):
         changes["insecure_dev"] = True
-    return replace(settings, **changes)
+    return replace(settings, **changes).check()
 
 
 def _logging(settings: Settings) -> None:

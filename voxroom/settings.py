@@ -11,6 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from voxroom import settings_rules
+from voxroom.errors import ConfigError
+
 
 def _bool(value: str) -> bool:
     if value.lower() in {"1", "true", "yes", "on"}:
@@ -207,10 +210,13 @@ class Settings:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Read ``VOXROOM_*`` variables (and ``REDIS_URL``). Unknown ``VOXROOM_*`` names are an
-        error, so a typo does not silently fall back to a default."""
+        error, so a typo does not silently fall back to a default; so is a value that does not
+        parse or that its rule refuses (voxroom/settings_rules.py). :class:`ConfigError` names
+        every one of them at once."""
         env = os.environ if environ is None else environ
         defaults = {f.name: f.default for f in fields(cls) if f.name != "extra"}
         values: dict[str, Any] = {}
+        wrong: list[str] = []
         if env.get("REDIS_URL"):
             values["redis_url"] = env["REDIS_URL"]
         for key, raw in env.items():
@@ -218,14 +224,37 @@ class Settings:
                 continue
             name = key[len("VOXROOM_"):].lower()
             if name not in defaults:
-                raise ValueError(f"unknown setting {key}")
-            values[name] = _coerce(raw, defaults[name])
+                wrong.append(f"unknown setting {key}")
+                continue
+            try:
+                values[name] = _coerce(raw, defaults[name])
+            except ValueError:
+                wrong.append(f"{key}={raw!r} must be {_kind(defaults[name])}")
+        wrong += settings_rules.problems(values)
+        if wrong:
+            raise ConfigError("bad settings: " + "; ".join(wrong))
         return cls(**values)
+
+    def check(self) -> Settings:
+        """``self``, or :class:`ConfigError` naming every value its rule refuses (for settings
+        changed after :meth:`from_env`, such as the CLI's flags)."""
+        wrong = settings_rules.problems({f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"})
+        if wrong:
+            raise ConfigError("bad settings: " + "; ".join(wrong))
+        return self
 
     @staticmethod
     def env_names() -> list[str]:
         """Every environment variable :meth:`from_env` understands (docs and compose checks)."""
         return ["REDIS_URL"] + [f"VOXROOM_{f.name.upper()}" for f in fields(Settings) if f.name != "extra"]
+
+
+def _kind(default: Any) -> str:
+    if isinstance(default, bool):
+        return "a boolean (1, 0, true, false, yes, no, on, off)"
+    if isinstance(default, float):
+        return "a number"
+    return "an integer" if isinstance(default, int) else "text"
 
 
 def _coerce(raw: str, default: Any) -> Any:

@@ -263,7 +263,7 @@ def test_a_line_far_ahead_of_its_playout_yields_its_row_at_a_piece_boundary(
 def test_the_yield_setting_reaches_the_engine_and_a_bad_one_is_refused(tiny_dir: Path) -> None:
     """VOXROOM_CHATTTS_YIELD_AHEAD_S reaches the engine the worker builds (2 s by default, ``inf``
     never yields); a negative or NaN value is refused with the setting's name."""
-    from voxroom.errors import EngineError
+    from voxroom.errors import ConfigError, EngineError
     from voxroom.settings import Settings
     from workers.engines import registry
     from workers.launch import engine_options
@@ -274,7 +274,11 @@ def test_the_yield_setting_reaches_the_engine_and_a_bad_one_is_refused(tiny_dir:
         engine = registry.create_engine("chattts", **engine_options("chattts", Settings.from_env({**base, **env})))
         assert getattr(engine, "yield_ahead_s", None) == want
     for bad in ("-1", "nan"):
-        settings = Settings.from_env({**base, "VOXROOM_CHATTTS_YIELD_AHEAD_S": bad})
+        # Refused where the environment is read (voxroom/settings_rules.py), and by the engine
+        # itself for settings built in code.
+        with pytest.raises(ConfigError, match="VOXROOM_CHATTTS_YIELD_AHEAD_S"):
+            Settings.from_env({**base, "VOXROOM_CHATTTS_YIELD_AHEAD_S": bad})
+        settings = Settings.from_env(base).with_(chattts_yield_ahead_s=float(bad))
         with pytest.raises(EngineError, match="VOXROOM_CHATTTS_YIELD_AHEAD_S"):
             registry.create_engine("chattts", **engine_options("chattts", settings))
 

@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from voxroom.errors import EngineError
 from voxroom.settings import Settings
 from voxroom.voices import Catalog
 from workers.engines.base import Engine
@@ -67,15 +68,26 @@ def test_solo_threads_reach_the_engine(caplog: pytest.LogCaptureFixture, catalog
 
 
 @pytest.mark.parametrize(("name", "value", "why"), [
-    ("VOXROOM_PIPER_SOLO_THREADS", "0", r"solo_threads \(VOXROOM_PIPER_SOLO_THREADS\) must be a whole number "
-                                        r"of at least 1, got 0"),
-    ("VOXROOM_PIPER_FIRST_PIECE_WORDS", "-1", r"first_piece_words \(VOXROOM_PIPER_FIRST_PIECE_WORDS\) must be "
-                                              r"a whole number of at least 0, got -1"),
+    ("VOXROOM_PIPER_SOLO_THREADS", "0", r"VOXROOM_PIPER_SOLO_THREADS=0 must be at least 1"),
+    ("VOXROOM_PIPER_FIRST_PIECE_WORDS", "-1", r"VOXROOM_PIPER_FIRST_PIECE_WORDS=-1 must be at least 0"),
 ])
 def test_nonsense_stops_the_worker_at_start(redis_url: str, name: str, value: str, why: str) -> None:
     env = {**os.environ, "REDIS_URL": redis_url, name: value, "VOXROOM_WORKER_METRICS_PORT": "0"}
     done = subprocess.run([sys.executable, "-m", "voxroom", "worker", "--engine", "offline"], env=env,
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2, done.stderr
-    assert done.stderr.strip().splitlines()[-1].startswith("voxroom: piper: "), done.stderr
+    # Refused where the environment is read (voxroom/settings_rules.py), before any engine loads.
+    assert done.stderr.strip().splitlines()[-1].startswith("voxroom: bad settings: "), done.stderr
     assert re.search(why, done.stderr), done.stderr
+
+
+@pytest.mark.parametrize(("field", "value", "why"), [
+    ("piper_solo_threads", 0, r"solo_threads \(VOXROOM_PIPER_SOLO_THREADS\) must be a whole number of at least 1, "
+                              r"got 0"),
+    ("piper_first_piece_words", -1, r"first_piece_words \(VOXROOM_PIPER_FIRST_PIECE_WORDS\) must be a whole "
+                                    r"number of at least 0, got -1"),
+])
+def test_the_engine_refuses_nonsense_built_in_code(field: str, value: int, why: str) -> None:
+    # Settings built in code skip the environment's rules: the engine still says what is wrong.
+    with pytest.raises(EngineError, match=why):
+        create_engine("piper", **engine_options("piper", Settings().with_(**{field: value})))
