@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_UTTERANCE = 2**53 - 1
-_FORM = re.compile(r"(\d{1,16})\.(start|end|\d{1,9})")
+# ASCII digits only: Python's \d and int() also take "١٢" (Arabic-Indic), which no client writes.
+_FORM = re.compile(r"(\d{1,16})\.(start|end|\d{1,9})", re.ASCII)
 
 
 @dataclass(frozen=True, slots=True)

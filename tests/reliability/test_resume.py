@@ -40,7 +40,7 @@ def test_resume_points_parse_and_refuse_garbage() -> None:
     assert parse("12.start") == ResumePoint(12, -1)
     assert parse("12.end") == ResumePoint(12, -1, has_end=True)
     assert str(parse("12.end")) == "12.end" and str(parse("3.7")) == "3.7"
-    for bad in ("", "12", "12.", "x.1", "0.1", "12.-1", "12.40.end", "1" * 17 + ".1", "12.4e1"):
+    for bad in ("", "12", "12.", "x.1", "0.1", "12.-1", "12.40.end", "1" * 17 + ".1", "12.4e1", "١.٢", "12.٤٠"):
         with pytest.raises(ValueError):
             parse(bad)
 
