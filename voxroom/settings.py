@@ -230,23 +230,25 @@ class Settings:
                 values[name] = _coerce(raw, defaults[name])
             except ValueError:
                 wrong.append(f"{key}={raw!r} must be {_kind(defaults[name])}")
-        wrong += settings_rules.problems(values)
-        if wrong:
-            raise ConfigError("bad settings: " + "; ".join(wrong))
+        _refuse(wrong + settings_rules.problems(values))
         return cls(**values)
 
     def check(self) -> Settings:
         """``self``, or :class:`ConfigError` naming every value its rule refuses (for settings
         changed after :meth:`from_env`, such as the CLI's flags)."""
-        wrong = settings_rules.problems({f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"})
-        if wrong:
-            raise ConfigError("bad settings: " + "; ".join(wrong))
+        _refuse(settings_rules.problems({f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}))
         return self
 
     @staticmethod
     def env_names() -> list[str]:
         """Every environment variable :meth:`from_env` understands (docs and compose checks)."""
         return ["REDIS_URL"] + [f"VOXROOM_{f.name.upper()}" for f in fields(Settings) if f.name != "extra"]
+
+
+def _refuse(wrong: list[str]) -> None:
+    """One :class:`ConfigError` that names every problem found, or nothing."""
+    if wrong:
+        raise ConfigError("bad settings: " + "; ".join(wrong))
 
 
 def _kind(default: Any) -> str:
