@@ -36,6 +36,8 @@ class Admitted:
     """The client named itself (``?client=``): its id must be claimed (app/identity.py)."""
     claim_secret: str | None = None
     """``?claim=``: the secret of this id's claim from an earlier connection (reclaims it at once)."""
+    address: str | None = None
+    """The client address its socket counts against (app/address_slots.py); ``None``: not counted."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +60,8 @@ def admit(websocket: WebSocket, state: GatewayState) -> Admitted | Refused:
             return Refused(CloseCode.POLICY_VIOLATION, f"flood: reconnect in {math.ceil(banned_s)} s")
     if state.connections >= settings.max_connections:
         return Refused(CloseCode.TRY_AGAIN_LATER, "gateway full; retry later")
+    if address is not None and state.address_slots.full(address, settings.max_connections_per_address):
+        return Refused(CloseCode.TRY_AGAIN_LATER, "too many connections from your address; retry later")
     origin = websocket.headers.get("origin")
     if settings.allowed_origins and origin is not None and origin not in settings.allowed_origins:
         return Refused(CloseCode.POLICY_VIOLATION, "origin not allowed")
@@ -94,7 +98,7 @@ def admit(websocket: WebSocket, state: GatewayState) -> Admitted | Refused:
     if secret is not None and (not self_chosen or not SECRET.fullmatch(secret)):
         return Refused(CloseCode.POLICY_VIOLATION, "bad claim: only with ?client=, as the welcome gave it")
     return Admitted(room=room, client_id=client_id, grant=grant, codec=codec, self_chosen=self_chosen,
-                    claim_secret=secret)
+                    claim_secret=secret, address=address)
 
 
 async def claim_identity(state: GatewayState, decision: Admitted) -> str | Refused | None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
+from app.address_slots import AddressSlots
 from app.connection import ClientConnection
 from app.directory import WorkerDirectory
 from app.floodban import FloodBans
@@ -37,6 +38,8 @@ class GatewayState:
     claims: ClientClaims | None = None
     """Self-chosen client ids in use here (app/identity.py); ``None``: not claimed (tests)."""
     flood_bans: FloodBans = field(default_factory=FloodBans)
+    address_slots: AddressSlots = field(default_factory=AddressSlots)
+    """Room sockets open per client address (app/address_slots.py)."""
     streams: StreamWatcher | None = None
     """The one blocked read the speech API's responses wait on (voxroom/stream_watcher.py)."""
     cluster: RedisCluster | None = None

@@ -45,6 +45,8 @@ async def room_endpoint(websocket: WebSocket) -> None:
     conn = ClientConnection(websocket, room=room, client_id=client_id, limit=state.settings.send_queue_slices,
                             codec=decision.codec)
     state.connections += 1
+    if decision.address is not None:
+        state.address_slots.take(decision.address)
     state.clients.add(conn)
     writer = asyncio.create_task(conn.run_writer(), name=f"room:{room}:client:{client_id}:writer")
     claim: str | Refused | None = None
@@ -84,6 +86,8 @@ async def room_endpoint(websocket: WebSocket) -> None:
             log.exception("client %s: leaving room %s failed", client_id, room)
         state.clients.discard(conn)
         state.connections -= 1
+        if decision.address is not None:
+            state.address_slots.give(decision.address)
         metrics.CLOSED_CLIENTS.client_closed(conn.sent_audio, conn.dropped_audio)
         await asyncio.wait([writer], timeout=1.0)
         if not writer.done():

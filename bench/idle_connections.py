@@ -80,7 +80,8 @@ async def open_many(port: int, start: int, count: int, concurrency: int, out: li
 async def run(args: argparse.Namespace) -> None:
     limit = raise_nofile(args.connections * 2 + 1000)  # the gateway child inherits it
     with tempfile.TemporaryDirectory(prefix="vx-bench-") as tmp, RedisServer() as redis:
-        env = {"VOXROOM_LOG_LEVEL": "WARNING", "VOXROOM_MAX_CONNECTIONS": str(args.connections + 1000)}
+        env = {"VOXROOM_LOG_LEVEL": "WARNING", "VOXROOM_MAX_CONNECTIONS": str(args.connections + 1000),
+               "VOXROOM_MAX_CONNECTIONS_PER_ADDRESS": "0"}  # every socket from this machine
         if args.ws == "cli":
             gateway, port = start_gateway(redis.url, Path(tmp), **env)
         else:

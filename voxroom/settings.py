@@ -42,6 +42,10 @@ class Settings:
     port: int = 8000
     max_connections: int = 20_000
     """Past this, new WebSockets are closed with 1013 (try again later)."""
+    max_connections_per_address: int = 1000
+    """Room WebSockets one client address may hold open at once on a gateway (behind a proxy
+    uvicorn trusts, the address ``X-Forwarded-For`` names); past it: 1013. Generous for players
+    behind one NAT; 0: no limit (load generators on one machine). app/address_slots.py."""
     send_queue_slices: int = 50
     """Per-client outbound queue, in frames (2 s of 40 ms audio). Overflow drops the oldest audio."""
     utterance_stream_maxlen: int = 1000

@@ -70,6 +70,7 @@ RULES: Mapping[str, Rule] = {
     # gateway
     "port": PORT,
     "max_connections": at_least(1),
+    "max_connections_per_address": at_least(0),
     "send_queue_slices": at_least(1),
     "utterance_stream_maxlen": at_least(1),
     "resume_window_ms": at_least(1),
