@@ -25,6 +25,15 @@ async def connect(url: str, *, origin: str | None = None) -> ClientConnection:
                                     compression=None, proxy=None, max_size=2**22, open_timeout=10)
 
 
+async def connect_from(port: int, room: str, forwarded_for: str | None) -> ClientConnection:
+    """A room socket as a client behind a proxy on this host would open it: ``X-Forwarded-For``
+    names the client (uvicorn trusts it from loopback); ``None`` connects as this host itself."""
+    if forwarded_for is None:
+        return await connect(ws_url(port, room))
+    return await websockets.connect(ws_url(port, room), additional_headers={"X-Forwarded-For": forwarded_for},
+                                    compression=None, proxy=None, open_timeout=10)
+
+
 async def close_of(ws: ClientConnection, timeout: float = 10.0) -> tuple[int | None, str]:
     """Read until the server closes; the code and reason it closed with."""
     async def drain() -> None:

@@ -18,7 +18,7 @@ import websockets
 
 from app.address_slots import AddressSlots
 from tests.conftest import Stack
-from tests.security.clients import close_of, connect, next_json, ws_url
+from tests.security.clients import close_of, connect_from, next_json
 from tests.security.gauges import wait_connections
 from tests.support.processes import Proc, start_gateway
 from voxroom.protocol import CloseCode
@@ -50,15 +50,8 @@ def gateway(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         proc.stop()
 
 
-async def _open(port: int, room: str, address: str | None) -> websockets.ClientConnection:
-    if address is None:
-        return await connect(ws_url(port, room))
-    return await websockets.connect(ws_url(port, room), additional_headers={"X-Forwarded-For": address},
-                                    compression=None, proxy=None, open_timeout=10)
-
-
 async def _welcomed(port: int, room: str, address: str | None) -> websockets.ClientConnection:
-    ws = await _open(port, room, address)
+    ws = await connect_from(port, room, address)
     assert (await next_json(ws, kind="welcome"))["room"] == room
     return ws
 
@@ -71,7 +64,7 @@ async def test_a_full_address_gets_1013_and_keeps_its_sockets_while_others_get_i
     try:
         # The same address once more, in this room or any other: refused, and told to come back later.
         for where in (room, room + "-b"):
-            extra = await _open(port, where, "203.0.113.20")
+            extra = await connect_from(port, where, "203.0.113.20")
             try:
                 code, reason = await close_of(extra)
             finally:

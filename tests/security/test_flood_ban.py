@@ -15,7 +15,7 @@ import websockets
 
 from app.floodban import FloodBans
 from tests.conftest import Stack
-from tests.security.clients import QueryClient, close_of, connect, next_json, ws_url
+from tests.security.clients import QueryClient, close_of, connect, connect_from, next_json, ws_url
 from tests.support.processes import Proc, start_gateway
 from voxroom.protocol import CloseCode
 
@@ -59,15 +59,8 @@ def gateway(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         proc.stop()
 
 
-async def _connect(port: int, room: str, forwarded_for: str | None) -> websockets.ClientConnection:
-    if forwarded_for is None:
-        return await connect(ws_url(port, room))
-    return await websockets.connect(ws_url(port, room), additional_headers={"X-Forwarded-For": forwarded_for},
-                                    compression=None, proxy=None, open_timeout=10)
-
-
 async def _flood(port: int, room: str, forwarded_for: str | None = None) -> tuple[int | None, str]:
-    ws = await _connect(port, room, forwarded_for)
+    ws = await connect_from(port, room, forwarded_for)
     try:
         await next_json(ws, kind="welcome")
         try:
@@ -110,7 +103,7 @@ async def test_a_flooder_is_refused_on_reconnect_until_the_ban_ends(gateway: tup
 
 async def _admitted(port: int, room: str, forwarded_for: str | None) -> bool | str:
     """True when welcomed; the close reason when refused."""
-    ws = await _connect(port, room, forwarded_for)
+    ws = await connect_from(port, room, forwarded_for)
     try:
         first = await asyncio.wait_for(ws.recv(), 10)
         return bool(json.loads(first)["type"] == "welcome")
