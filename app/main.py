@@ -24,29 +24,31 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
-from app import speech_api, voices_api
-from app.cors import Cors
-from app.directory import WorkerDirectory
-from app.handoff import HandOff
-from app.hub import RoomHub
-from app.identity import ClientClaims
-from app.ingress import Ingress
-from app.metrics import metrics_endpoint
-from app.reaper import reap_stalled
+from app.api import speech_api, voices_api
+from app.api.cors import Cors
+from app.api.metrics import metrics_endpoint
+from app.fanout.hub import RoomHub
+from app.ingress.directory import WorkerDirectory
+from app.ingress.handoff import HandOff
+from app.ingress.say_script import Ingress
+from app.ingress.sweeper import Sweeper
+from app.room.identity import ClientClaims
+from app.room.reaper import reap_stalled
+from app.room.transport import TransportTap
+from app.room.ws import room_endpoint
 from app.state import GatewayState
-from app.sweeper import Sweeper
-from app.transport import TransportTap
-from app.ws import room_endpoint
-from voxroom import keys, redis_client, tokens
-from voxroom.backoff import REDIS_DOWN
-from voxroom.cluster_autopipe import ClusterAutoPipeline
 from voxroom.errors import ConfigError
-from voxroom.gc_tuning import freeze_startup_objects
-from voxroom.protocol import CloseCode
-from voxroom.settings import Settings
-from voxroom.stream_watcher import StreamWatcher
-from voxroom.supervisor import Supervisor
-from voxroom.voices import Catalog
+from voxroom.runtime.gc_tuning import freeze_startup_objects
+from voxroom.runtime.settings import Settings
+from voxroom.runtime.supervisor import Supervisor
+from voxroom.store import clients as redis_client
+from voxroom.store import keys
+from voxroom.store.backoff import REDIS_DOWN
+from voxroom.store.cluster.pipeline import ClusterAutoPipeline
+from voxroom.store.stream_watcher import StreamWatcher
+from voxroom.voices.catalog import Catalog
+from voxroom.wire import tokens
+from voxroom.wire.protocol import CloseCode
 
 log = logging.getLogger("voxroom.gateway")
 CLIENT_DIR = Path(__file__).resolve().parent.parent / "client_js"
@@ -123,7 +125,7 @@ def create_app(settings: Settings, *, catalog: Catalog | None = None) -> Starlet
         supervisor = Supervisor("gateway")
         # Redis Cluster (chosen once, at start; docs/cluster.md): the hub, the stream watcher and
         # the claims run on cluster clients; lines are accepted in their room's slot and handed
-        # to a job shard (app/handoff.py). One instance keeps its clients and its one say script.
+        # to a job shard (app/ingress/handoff.py). One instance keeps its clients and its one say script.
         cluster = await _cluster_clients(url)
         handoff: HandOff | None = None
         if cluster is not None:
@@ -197,7 +199,7 @@ def create_app(settings: Settings, *, catalog: Catalog | None = None) -> Starlet
         WebSocketRoute("/rooms/{room_id}/ws", room_endpoint),
         Mount("/client", app=StaticFiles(directory=CLIENT_DIR, check_dir=False), name="client"),
     ]
-    # TransportTap outermost: it must see uvicorn's own send (app/transport.py). Cors answers
+    # TransportTap outermost: it must see uvicorn's own send (app/room/transport.py). Cors answers
     # preflights before any route sees them; WebSockets keep admission's own Origin check.
     return Starlette(routes=routes, lifespan=lifespan,
                      middleware=[Middleware(TransportTap),

@@ -7,17 +7,17 @@ from dataclasses import dataclass, field
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
-from app.address_slots import AddressSlots
-from app.connection import ClientConnection
-from app.directory import WorkerDirectory
-from app.floodban import FloodBans
-from app.hub import RoomHub
-from app.identity import ClientClaims
-from app.ingress import Ingress
-from voxroom.settings import Settings
-from voxroom.stream_watcher import StreamWatcher
-from voxroom.supervisor import Supervisor
-from voxroom.voices import Catalog
+from app.fanout.hub import RoomHub
+from app.ingress.directory import WorkerDirectory
+from app.ingress.say_script import Ingress
+from app.room.address_slots import AddressSlots
+from app.room.connection import ClientConnection
+from app.room.floodban import FloodBans
+from app.room.identity import ClientClaims
+from voxroom.runtime.settings import Settings
+from voxroom.runtime.supervisor import Supervisor
+from voxroom.store.stream_watcher import StreamWatcher
+from voxroom.voices.catalog import Catalog
 
 
 @dataclass
@@ -36,12 +36,12 @@ class GatewayState:
     draining: bool = False
     clients: set[ClientConnection] = field(default_factory=set)
     claims: ClientClaims | None = None
-    """Self-chosen client ids in use here (app/identity.py); ``None``: not claimed (tests)."""
+    """Self-chosen client ids in use here (app/room/identity.py); ``None``: not claimed (tests)."""
     flood_bans: FloodBans = field(default_factory=FloodBans)
     address_slots: AddressSlots = field(default_factory=AddressSlots)
-    """Room sockets open per client address (app/address_slots.py)."""
+    """Room sockets open per client address (app/room/address_slots.py)."""
     streams: StreamWatcher | None = None
-    """The one blocked read the speech API's responses wait on (voxroom/stream_watcher.py)."""
+    """The one blocked read the speech API's responses wait on (voxroom/store/stream_watcher.py)."""
     cluster: RedisCluster | None = None
     """Redis Cluster only: the routed text client (``redis`` is then the seed node alone); what
     reads keys of any slot (the job shards' gauges) goes through it."""

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import cast
 
 PTS = struct.Struct(">Q")
-PTS_OFFSET = 20  # see voxroom.protocol.AudioFrame: ">2sBBBBHIIIQI"
+PTS_OFFSET = 20  # see voxroom.wire.protocol.AudioFrame: ">2sBBBBHIIIQI"
 
 
 def raise_nofile(wanted: int) -> int:

@@ -29,8 +29,8 @@ import websockets
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.support.processes import Proc, start_gateway, start_worker
-from voxroom.protocol import AudioFrame
-from voxroom.redis_server import RedisServer
+from voxroom.store.server import RedisServer
+from voxroom.wire.protocol import AudioFrame
 
 WORDS = ["wolf", "seer", "village", "night", "moon", "hunter", "witch", "guard", "forest", "river", "fire", "bell"]
 

@@ -47,8 +47,8 @@ from redis_memory import SLICE_S, line_of  # noqa: E402
 from redis_memory import measure as measure_memory  # noqa: E402
 
 from tests.support.processes import start_gateway, start_worker  # noqa: E402
-from voxroom.redis_server import RedisServer  # noqa: E402
-from voxroom.settings import Settings  # noqa: E402
+from voxroom.runtime.settings import Settings  # noqa: E402
+from voxroom.store.server import RedisServer  # noqa: E402
 
 PER_ROOM = 12  # the werewolf shape: 12 players, each a listener; one of them speaks here
 PROCS = ("redis", "gateway", "worker")

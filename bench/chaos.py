@@ -47,9 +47,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
 from tests.support.processes import Proc, start_gateway, start_worker  # noqa: E402
-from voxroom import redis_client  # noqa: E402
-from voxroom.protocol import AudioFrame  # noqa: E402
-from voxroom.redis_server import RedisServer  # noqa: E402
+from voxroom.store import clients as redis_client  # noqa: E402
+from voxroom.store.server import RedisServer  # noqa: E402
+from voxroom.wire.protocol import AudioFrame  # noqa: E402
 
 VOICE = "en-espeak"
 WORDS = ("wolves", "village", "baker", "moon", "seer", "witch", "hunter", "night", "dawn", "vote")

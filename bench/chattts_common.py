@@ -54,7 +54,7 @@ def engine(size: str, device: str = "cpu", int8: bool = False, rebuild: bool = F
 
 
 def voice(i: int) -> Any:
-    from voxroom.voices import Voice
+    from voxroom.voices.catalog import Voice
 
     return Voice(id=f"bench-{i}", engine="chattts", language="eng", params={"seed": 100 + i})
 

@@ -1,4 +1,4 @@
-"""ChatTTS late row: windowed vs continuous batching, through the real context (workers/context.py).
+"""ChatTTS late row: windowed vs continuous batching, through the real context (workers/pool/context.py).
 
     .venv/bin/python bench/chattts_continuous.py [--size full|tiny] [--gpt bf16] [--threads 2]
                                                  [--seconds 2] [--late-ms 200] [--reps 1]
@@ -25,9 +25,9 @@ import chattts_common as common
 
 async def scenario(engine: Any, continuous: bool, seconds_late: float, texts: list[str]) -> list[tuple[float, float]]:
     """(first audio s, last audio s) per line, each from its own arrival."""
-    from voxroom.voices import Catalog
-    from workers.context import Context
-    from workers.job import Job, SliceBuffer, Utterance
+    from voxroom.voices.catalog import Catalog
+    from workers.intake.job import Job, SliceBuffer, Utterance
+    from workers.pool.context import Context
 
     engine.continuous = continuous
     voices = [common.voice(i) for i in range(len(texts))]

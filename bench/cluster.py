@@ -16,7 +16,7 @@ names one node, all a process is given):
   ``redis-cli --cluster create --cluster-replicas 1`` (tests/cluster/conftest.py's).
 - ``single-replica-wait``, ``cluster-wait``: the same with ``VOXROOM_REDIS_WAIT_REPLICAS=1`` (the
   gateway answers ``accepted`` once one replica has the line). ``--wait auto`` (default) adds them
-  when voxroom/settings.py knows the setting, ``on`` requires it, ``off`` leaves them out.
+  when voxroom/runtime/settings.py knows the setting, ``on`` requires it, ``off`` leaves them out.
 
 The worker runs the synthetic benchmark engine on one continuously batched context (it sleeps
 instead of computing: it stands for a GPU, so the CPU is the server's). The audio cache is on
@@ -63,8 +63,8 @@ from latency import SYNTHETIC, Room, one_round, open_room  # noqa: E402
 
 from tests.cluster.conftest import RedisClusterProcs  # noqa: E402
 from tests.support.processes import Proc, start_gateway, start_worker  # noqa: E402
-from voxroom.redis_server import RedisServer  # noqa: E402
-from voxroom.settings import Settings  # noqa: E402
+from voxroom.runtime.settings import Settings  # noqa: E402
+from voxroom.store.server import RedisServer  # noqa: E402
 
 WAIT_SETTING = "VOXROOM_REDIS_WAIT_REPLICAS"
 
@@ -260,7 +260,7 @@ def print_tables(results: dict[str, Result], args: argparse.Namespace, load_befo
     print(f"\nmachine: {os.cpu_count()} cores, load average {load_before:.2f} before, "
           f"{os.getloadavg()[0]:.2f} after; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
           f"{args.rooms} rooms at once, {args.rounds} rounds, {args.reps} repetition(s); "
-          f"WAIT setting {'present' if wait_supported() else 'absent'} in voxroom/settings.py\n")
+          f"WAIT setting {'present' if wait_supported() else 'absent'} in voxroom/runtime/settings.py\n")
     print("| configuration | redis-server processes | lines | lines/s | first audio p50 ms | p95 ms | p99 ms "
           "| commands/line (primaries) | WAIT/line |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -311,12 +311,12 @@ async def run(args: argparse.Namespace) -> None:
     if unknown:
         raise SystemExit(f"unknown configuration(s) {unknown}; known: {', '.join(CONFIGS)}")
     if args.wait == "on" and not wait_supported():
-        raise SystemExit(f"--wait on: voxroom/settings.py has no {WAIT_SETTING} yet")
+        raise SystemExit(f"--wait on: voxroom/runtime/settings.py has no {WAIT_SETTING} yet")
     if args.wait == "off" or not wait_supported():
         dropped = [n for n in names if CONFIGS[n].wait]
         if dropped:
             print(f"left out {dropped}: {WAIT_SETTING} is " + ("turned off (--wait off)" if args.wait == "off"
-                                                                 else "not in voxroom/settings.py yet"))
+                                                                 else "not in voxroom/runtime/settings.py yet"))
         names = [n for n in names if n not in dropped]
     else:
         # A WAIT row and its baseline: one replica for the single instance, the cluster has three.

@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from voxroom.voices import Catalog
+from voxroom.voices.catalog import Catalog
 from workers.engines.base import Engine, SynthesisRequest
 from workers.engines.registry import create_engine
 

@@ -38,9 +38,10 @@ from redis.asyncio import Redis  # noqa: E402
 
 from tests.support.processes import start_worker  # noqa: E402
 from tests.workers.outputs import add_jobs  # noqa: E402
-from voxroom import keys, redis_client  # noqa: E402
-from voxroom.protocol import SLICE_MS  # noqa: E402
-from voxroom.redis_server import RedisServer  # noqa: E402
+from voxroom.store import clients as redis_client  # noqa: E402
+from voxroom.store import keys  # noqa: E402
+from voxroom.store.server import RedisServer  # noqa: E402
+from voxroom.wire.protocol import SLICE_MS  # noqa: E402
 
 FLOOD = "The werewolves wake up and choose, in silence, who will not see the morning."  # about 6 s
 SINGLE = "Hi there, everyone."  # about 1.4 s

@@ -2,7 +2,7 @@
 
 A private redis-server, one ``voxroom gateway`` process, a publisher in this process standing in
 for the workers (every room speaks continuously: one 40 ms slice per room every 40 ms, stamped
-``pts = publish time + lead`` exactly as ``workers/publisher.py`` does), and listeners in rooms of
+``pts = publish time + lead`` exactly as ``workers/output/publisher.py`` does), and listeners in rooms of
 12 in a separate client process (a minimal WebSocket client, so the load generator stays cheap).
 
 The listener count steps up (``--steps``); at each step, for ``--seconds``, every frame's arrival
@@ -35,9 +35,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 from _wsclient import Listener, connect, percentiles, raise_nofile  # noqa: E402
 
 from tests.support.processes import start_gateway  # noqa: E402
-from voxroom import keys  # noqa: E402
-from voxroom.protocol import ROOM_RATE, SLICE_SAMPLES, AudioFrame  # noqa: E402
-from voxroom.redis_server import RedisServer  # noqa: E402
+from voxroom.store import keys  # noqa: E402
+from voxroom.store.server import RedisServer  # noqa: E402
+from voxroom.wire.protocol import ROOM_RATE, SLICE_SAMPLES, AudioFrame  # noqa: E402
 
 PER_ROOM = 12
 SLICE_MS = SLICE_SAMPLES * 1000 / ROOM_RATE

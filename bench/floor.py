@@ -12,7 +12,7 @@ time to first chunk (here a timer, measured in-process in the same run).
 - gateway: a raw ASGI app on uvicorn (uvloop, httptools, and the WebSocket implementation
   ``voxroom gateway`` gets, uvicorn's ``auto``; ``FLOOR_WS=websockets`` or ``wsproto`` to compare),
   no Starlette, no validation, no rate limits, no per-client writer queue. A ``say`` is one ``XADD`` (through
-  voxroom/autopipe.py, so lines of one loop turn share a round trip); one task per connection.
+  voxroom/store/autopipe.py, so lines of one loop turn share a round trip); one task per connection.
   One reader task holds a blocked ``XREAD`` over every room's output stream and awaits each send.
 - worker: one uvloop loop, ``XREADGROUP`` on the job stream; each job fires a 50 ms timer (the
   engine) and then publishes one 40 ms slice (a real voxroom audio frame) and acks, pipelined.
@@ -46,10 +46,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 from _wsclient import Listener, connect, percentiles  # noqa: E402
 
 from tests.support.processes import free_port, wait_http  # noqa: E402
-from voxroom import redis_client  # noqa: E402
-from voxroom.autopipe import AutoPipeline  # noqa: E402
-from voxroom.protocol import ROOM_RATE, SLICE_SAMPLES, AudioFrame  # noqa: E402
-from voxroom.redis_server import RedisServer  # noqa: E402
+from voxroom.store import clients as redis_client  # noqa: E402
+from voxroom.store.autopipe import AutoPipeline  # noqa: E402
+from voxroom.store.server import RedisServer  # noqa: E402
+from voxroom.wire.protocol import ROOM_RATE, SLICE_SAMPLES, AudioFrame  # noqa: E402
 
 JOBS = "floor:jobs"
 TTFC_S = 0.050

@@ -28,7 +28,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 from _wsclient import Listener, connect, percentiles, raise_nofile  # noqa: E402
 
 from tests.support.processes import Proc, base_env, start_gateway, wait_http  # noqa: E402
-from voxroom.redis_server import RedisServer, free_port  # noqa: E402
+from voxroom.store.server import RedisServer, free_port  # noqa: E402
 
 BASELINE = 200
 # `voxroom gateway` as the CLI configures it, but with another uvicorn WebSocket implementation:
@@ -36,7 +36,7 @@ BASELINE = 200
 LAUNCH = """
 import sys, uvicorn
 from app.main import create_app
-from voxroom.settings import Settings
+from voxroom.runtime.settings import Settings
 uvicorn.run(create_app(Settings.from_env()), host="127.0.0.1", port=int(sys.argv[1]), ws=sys.argv[2],
             log_level="warning", ws_max_size=64 * 1024, ws_ping_interval=20.0, ws_ping_timeout=20.0, lifespan="on")
 """

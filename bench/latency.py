@@ -44,8 +44,8 @@ from _wsclient import Listener, connect  # noqa: E402
 
 from tests.support.processes import start_gateway, start_worker  # noqa: E402
 from tests.support.room_client import RoomClient  # noqa: E402
-from voxroom.redis_server import RedisServer  # noqa: E402
-from voxroom.voices import Catalog  # noqa: E402
+from voxroom.store.server import RedisServer  # noqa: E402
+from voxroom.voices.catalog import Catalog  # noqa: E402
 from workers.engines.base import SynthesisRequest  # noqa: E402
 from workers.engines.registry import create_engine  # noqa: E402
 
@@ -99,7 +99,7 @@ class Speaker(Listener):
             self.changed.set()
 
 
-SEQ_CHUNK = struct.Struct(">II")  # bytes 12..19 of the audio header (voxroom.protocol.AudioFrame)
+SEQ_CHUNK = struct.Struct(">II")  # bytes 12..19 of the audio header (voxroom.wire.protocol.AudioFrame)
 
 
 class Room(Protocol):

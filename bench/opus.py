@@ -22,12 +22,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from voxroom.opus import OpusDecoder, OpusEncoder
-from voxroom.protocol import AUDIO_HEADER_BYTES, ROOM_RATE, SLICE_MS
-from voxroom.voices import Voice
+from voxroom.voices.catalog import Voice
+from voxroom.wire.protocol import AUDIO_HEADER_BYTES, ROOM_RATE, SLICE_MS
 from workers.engines.base import SynthesisRequest
 from workers.engines.espeak import EspeakEngine
-from workers.slicer import Slicer
+from workers.output.opus import OpusDecoder, OpusEncoder
+from workers.output.slicer import Slicer
 
 LINES = [("en-us", "Good evening, villagers. Tonight the werewolves will choose their victim, and the seer "
                    "will open her eyes to learn one secret."),

@@ -39,9 +39,9 @@ from _wsclient import connect  # noqa: E402
 from latency import Speaker  # noqa: E402
 
 from tests.support.processes import start_gateway, start_worker, wait_http  # noqa: E402
-from voxroom.redis_server import RedisServer, free_port  # noqa: E402
-from workers.engines.piper import SOLO_THREADS  # noqa: E402
-from workers.engines.piper_pieces import FIRST_PIECE_WORDS  # noqa: E402
+from voxroom.store.server import RedisServer, free_port  # noqa: E402
+from workers.engines.piper.engine import SOLO_THREADS  # noqa: E402
+from workers.engines.piper.pieces import FIRST_PIECE_WORDS  # noqa: E402
 
 VOICE = "en-joe"
 SENTENCES = [
@@ -137,7 +137,7 @@ STAGES = re.compile(r"utterance \d+ ok: \d+ slices, time to first audio ([\d.]+)
 
 
 def worker_stages(log_text: str) -> dict[str, float]:
-    """Medians of the worker's per-utterance stage figures (workers/worker.py ``_log_stages``)."""
+    """Medians of the worker's per-utterance stage figures (workers/intake/worker.py ``_log_stages``)."""
     rows = [tuple(float(x) for x in m.groups()) for m in STAGES.finditer(log_text)]
     names = ("worker total", "read", "to engine", "engine first chunk", "to published")
     return {n: statistics.median(r[i] for r in rows) for i, n in enumerate(names)} if rows else {}
@@ -154,9 +154,9 @@ def engine_first_chunks(runs: int) -> list[tuple[str, float, float, float]]:
     """In-process, one line at a time: ms to the engine's first chunk (what the worker streams
     first) and the seconds of audio in it, for each of :data:`VARIANTS`, interleaved line by
     line; medians and p95 over ``runs`` x SENTENCES."""
-    from voxroom.voices import Catalog
+    from voxroom.voices.catalog import Catalog
     from workers.engines.base import SynthesisRequest
-    from workers.engines.piper import PiperEngine
+    from workers.engines.piper.engine import PiperEngine
 
     voice = Catalog.load().get(VOICE)
     engines = []

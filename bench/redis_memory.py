@@ -33,13 +33,13 @@ from redis.asyncio import Redis  # noqa: E402
 
 from tests.support.processes import start_gateway, start_worker  # noqa: E402
 from tests.support.room_client import RoomClient  # noqa: E402
-from voxroom import keys  # noqa: E402
-from voxroom.redis_server import RedisServer  # noqa: E402
-from voxroom.settings import Settings  # noqa: E402
+from voxroom.runtime.settings import Settings  # noqa: E402
+from voxroom.store import keys  # noqa: E402
+from voxroom.store.server import RedisServer  # noqa: E402
 
 ROOM_KEYS = ("seq", "state", "senders", "utt", "out")
 CHARS_PER_SECOND = 14.0  # the synthetic engine's speaking rate (workers/engines/synthetic.py)
-SLICE_S = 0.040  # one output entry of audio (voxroom/protocol.py)
+SLICE_S = 0.040  # one output entry of audio (voxroom/wire/protocol.py)
 
 
 def line_of(chars: int, i: int) -> str:

@@ -32,7 +32,7 @@ sys.path[:0] = [str(ROOT)]
 
 from tests.support.processes import start_gateway, start_worker  # noqa: E402
 from tests.support.room_client import RoomClient  # noqa: E402
-from voxroom.redis_server import RedisServer  # noqa: E402
+from voxroom.store.server import RedisServer  # noqa: E402
 
 LINES = ("The village gathers at dawn. Somebody among you is not who they claim to be, and before the sun "
          "sets again you will have to decide, together, who that somebody is.",

@@ -113,7 +113,7 @@ class Metered:
 
     @property
     def stream_timed(self) -> Callable[[Any, threading.Event], Iterator[Any]]:
-        # A line alone goes through ``stream_timed`` where the engine has one (workers/batching.py
+        # A line alone goes through ``stream_timed`` where the engine has one (workers/pool/batching.py
         # looks for it with getattr), so it is timed like the others; an engine without it raises
         # AttributeError here and in __getattr__ alike.
         timed = self._inner.stream_timed
@@ -200,9 +200,9 @@ async def cell(engine: Metered, continuous: bool, rooms: int, seconds: float, dr
                texts: list[list[str]], seed: int) -> tuple[list[Line], float, float, float]:
     """One mode at one N: the lines, the audio seconds and engine busy seconds in the window, and the
     CPU cores this process kept busy (window and drain)."""
-    from voxroom.voices import Catalog, Voice
-    from workers.context import Context
-    from workers.job import Job, SliceBuffer, Utterance
+    from voxroom.voices.catalog import Catalog, Voice
+    from workers.intake.job import Job, SliceBuffer, Utterance
+    from workers.pool.context import Context
 
     engine._inner.continuous = continuous
     voices = [Voice(id=f"bench-{i}", engine=engine.name, language="eng", params={"seed": 100 + i})

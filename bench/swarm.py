@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
 from tests.support.processes import start_gateway, start_worker  # noqa: E402
-from voxroom.redis_server import RedisServer  # noqa: E402
-from voxroom.settings import Settings  # noqa: E402
+from voxroom.runtime.settings import Settings  # noqa: E402
+from voxroom.store.server import RedisServer  # noqa: E402
 
 DEFAULT_TTFC_MS = 50.0  # workers/engines/synthetic.py
 

@@ -10,7 +10,7 @@ synthesis costs nothing during the measurement. Two tables:
 
 - one line at a time (``--says`` round trips on one connection): the latency one line pays;
 - ``--burst`` rooms' clients sending one line each in the same loop turn, ``--says / 10`` rounds:
-  the says of one loop turn share one ``WAIT`` (app/ingress.py), so a burst pays about one
+  the says of one loop turn share one ``WAIT`` (app/ingress/say_script.py), so a burst pays about one
   replica round trip, not one per line.
 """
 
@@ -34,8 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
 from tests.support.processes import Proc, start_gateway  # noqa: E402
-from voxroom import keys  # noqa: E402
-from voxroom.redis_server import RedisServer  # noqa: E402
+from voxroom.store import keys  # noqa: E402
+from voxroom.store.server import RedisServer  # noqa: E402
 
 VOICE = "en-joe"
 # Per-connection limits off, and no backlog limit: the lines stay queued, never ``busy``.

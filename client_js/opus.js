@@ -1,6 +1,6 @@
 // Opus audio frames (`?codec=opus`, 16x less bandwidth than pcm16), decoded with WebCodecs.
 //
-// Layout (voxroom/opus.py): the frame header is the pcm16 one; the payload is 20 ms Opus packets,
+// Layout (workers/output/opus.py): the frame header is the pcm16 one; the payload is 20 ms Opus packets,
 // each prefixed by its length (u16 big-endian), two per 40 ms slice (the last slice of an utterance
 // may carry the encoder's tail as a third). Every utterance is its own Opus stream, so each gets a
 // fresh decoder. Decoded audio lags the original by the encoder's look-ahead (156 samples at

@@ -1,5 +1,5 @@
 // The voxroom wire protocol, client side, sans I/O: bytes and strings in, plain objects out.
-// Mirrors voxroom/protocol.py (the server's source of truth); imports nothing, touches no socket,
+// Mirrors voxroom/wire/protocol.py (the server's source of truth); imports nothing, touches no socket,
 // so it can be tested by feeding bytes and reused in a worker or an AudioWorklet.
 
 export const PROTOCOL_VERSION = 1;
@@ -20,7 +20,7 @@ export const FLAG_LAST = 0x02;
 
 /**
  * Error codes carried by `error` messages, and `synthesis_failed` by a failed `end`
- * (voxroom.protocol.ErrorCode: tests/protocol/test_js_agreement.py checks that both hold the same).
+ * (voxroom.wire.protocol.ErrorCode: tests/protocol/test_js_agreement.py checks that both hold the same).
  */
 export const ErrorCode = Object.freeze({
   BAD_JSON: 'bad_json',
@@ -44,7 +44,7 @@ export const ErrorCode = Object.freeze({
   INTERNAL: 'internal',
 });
 
-/** WebSocket close codes the gateway uses (voxroom.protocol.CloseCode). */
+/** WebSocket close codes the gateway uses (voxroom.wire.protocol.CloseCode). */
 export const CloseCode = Object.freeze({
   NORMAL: 1000,
   GOING_AWAY: 1001,
@@ -59,7 +59,7 @@ export const CloseCode = Object.freeze({
 });
 
 /**
- * One slice of a room's audio, as laid out by voxroom.protocol.AudioFrame.encode.
+ * One slice of a room's audio, as laid out by voxroom.wire.protocol.AudioFrame.encode.
  * @typedef {object} AudioFrame
  * @property {string} room
  * @property {number} seq        room-level utterance number
@@ -252,7 +252,7 @@ const PONG = { type: true, t: true, server_ms: true };
 const WORD_MARK = { text: true, start_ms: true, end_ms: true, offset: true, length: true };
 
 /**
- * Every server message type and the fields it may carry (voxroom.protocol.SERVER_MESSAGES).
+ * Every server message type and the fields it may carry (voxroom.wire.protocol.SERVER_MESSAGES).
  * @type {Readonly<Record<ServerMessage['type'], readonly string[]>>}
  */
 export const SERVER_MESSAGE_FIELDS = Object.freeze({

@@ -47,7 +47,7 @@ from locust.exception import StopUser
 from locust.runners import WorkerRunner
 from playout import underruns  # locust puts the locustfile's directory on sys.path
 
-from voxroom.protocol import AudioFrame
+from voxroom.wire.protocol import AudioFrame
 
 WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet",
          "kilo", "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango")

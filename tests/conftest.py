@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.processes import Proc, start_gateway, start_worker
-from voxroom.redis_server import RedisServer
+from voxroom.store.server import RedisServer
 
 
 @pytest.fixture(scope="session")

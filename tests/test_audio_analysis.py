@@ -23,10 +23,10 @@ from tests.audio_analysis import (
     voiced_duration_s,
     zero_crossing_rate,
 )
-from voxroom.voices import Catalog
+from voxroom.voices.catalog import Catalog
 from workers.engines.base import Engine, SynthesisRequest
 from workers.engines.espeak import EspeakEngine
-from workers.engines.piper import PiperEngine
+from workers.engines.piper.engine import PiperEngine
 
 RATE = 22_050
 Audio = npt.NDArray[np.float32]

@@ -11,15 +11,15 @@
     └── NotReplicated          a line is in the primary, ``WAIT`` did not confirm its replicas;
                                also a redis-py ``TimeoutError`` (below)
 
-Protocol-level problems are :class:`voxroom.protocol.ProtocolError` (kept in the pure protocol
-module); the room endpoint (``app/ws.py``) turns them into ``error`` messages or close codes.
+Protocol-level problems are :class:`voxroom.wire.protocol.ProtocolError` (kept in the pure protocol
+module); the room endpoint (``app/room/ws.py``) turns them into ``error`` messages or close codes.
 
 Redis is not in this tree: "Redis cannot serve us now" is one tuple of redis-py's own classes,
-``voxroom.backoff.REDIS_DOWN`` (connection lost, timeout, ``-LOADING``, ``-OOM``, ``-READONLY``,
-``-MASTERDOWN``); ``voxroom/autopipe.py`` raises the same classes for its error replies, so a
+``voxroom.store.backoff.REDIS_DOWN`` (connection lost, timeout, ``-LOADING``, ``-OOM``, ``-READONLY``,
+``-MASTERDOWN``); ``voxroom/store/autopipe.py`` raises the same classes for its error replies, so a
 retry loop catches one class whichever client raised it. :class:`NotReplicated` is of both: a
 caller that only knows "Redis cannot serve us now" treats it so (the client resends), one that
-knows the line is already in the primary catches it first (``app/ws.py``).
+knows the line is already in the primary catches it first (``app/room/ws.py``).
 """
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ class Overloaded(VoxroomError):
 
 class NotReplicated(VoxroomError, RedisTimeoutError):
     """A line (or the line a ``duplicate`` answers for) is in the primary, but ``WAIT`` did not
-    confirm that the configured number of replicas have it in time (``app/ingress.py``
+    confirm that the configured number of replicas have it in time (``app/ingress/say_script.py``
     ``wait_replicas``). A ``TimeoutError`` of redis-py, so it is one of
-    ``voxroom.backoff.REDIS_DOWN``: the room WebSocket answers ``unavailable`` with
+    ``voxroom.store.backoff.REDIS_DOWN``: the room WebSocket answers ``unavailable`` with
     ``retry_after_ms`` and the client resends the same seq, which the say script answers
     ``duplicate`` after a ``WAIT`` of its own. Never ``accepted`` for a line a failover may lose."""

@@ -1,7 +1,7 @@
 """The worker's view of Redis: take jobs, keep them claimed, publish audio, keep room order.
 
 All the Redis commands a worker sends live here, so that the pool and the publisher can be read
-without knowing the key layout (see ``voxroom/keys.py``).
+without knowing the key layout (see ``voxroom/store/keys.py``).
 
 **Ownership is checked by Redis, not by the worker's clock.** A job belongs to the consumer that
 the group's pending list names for it (``XPENDING vx:jobs workers <id> <id> 1``). A worker paused
@@ -36,12 +36,12 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import DataError, ResponseError
 
-from voxroom import keys
-from voxroom.autopipe import AutoPipeline, redis_error
-from voxroom.cluster_calls import ClusterCalls
-from voxroom.redis_client import POOL_MAX_CONNECTIONS, POOL_WAIT_S
-from voxroom.stream_watcher import StreamWatcher
-from workers.job import Job
+from voxroom.store import keys
+from voxroom.store.autopipe import AutoPipeline, redis_error
+from voxroom.store.clients import POOL_MAX_CONNECTIONS, POOL_WAIT_S
+from voxroom.store.cluster.calls import ClusterCalls
+from voxroom.store.stream_watcher import StreamWatcher
+from workers.intake.job import Job
 from workers.room_lua import PENDING_LUA, ROOM_LUA, TURN_LUA
 from workers.shards import ShardedJobs
 
@@ -59,7 +59,7 @@ class OwnershipLost(Exception):
 class TurnLost(OwnershipLost):
     """Redis refused a write for a job that is still ours because the room's turn is no longer
     its line's: ``next`` moved past its seq (a later line skipped past it, see
-    ``workers/publisher.py``) after its turn check. Nothing of that write landed: it would have
+    ``workers/output/publisher.py``) after its turn check. Nothing of that write landed: it would have
     interleaved with the line that skipped. The publisher drops the line as stale and acks it;
     anything else that sees it treats it as :class:`OwnershipLost` (no more writes)."""
 
@@ -220,7 +220,7 @@ class WorkerBus:
                      if cluster is not None else None)
         # Output entries carry binary audio: the blocked read that watches a room's output stream
         # must not decode it. Same server and options, raw bytes.
-        # A blocking pool, as voxroom/redis_client.py's: utterances waiting for their turn each
+        # A blocking pool, as voxroom/store/clients.py's: utterances waiting for their turn each
         # hold a blocked read here, and the 101st must wait for a connection, not fail.
         raw_kwargs = {**redis.connection_pool.connection_kwargs, "decode_responses": False}
         self.raw = Redis(connection_pool=BlockingConnectionPool(
@@ -230,7 +230,7 @@ class WorkerBus:
         self.resume_window_ms = resume_window_ms
         self.room_idle_ttl_s = room_idle_ttl_s
         # The per-utterance commands (turn checks, slices, ends, acks) of every room this worker
-        # publishes share pipelines (voxroom/autopipe.py); the blocking reads keep their own.
+        # publishes share pipelines (voxroom/store/autopipe.py); the blocking reads keep their own.
         self.auto = AutoPipeline(redis)
         self._reads = AutoPipeline(redis, timeout_s=30.0)
         """The job reader's own connection (its reads block; a read asks for at most 2 s)."""
@@ -333,7 +333,7 @@ class WorkerBus:
 
     async def wait_output(self, room: str, after_id: str, block_ms: int) -> str:
         """Block until the room's output stream has an entry after ``after_id``; return the new tail.
-        Through the worker's one turn watcher when it has one (``voxroom/stream_watcher.py``)."""
+        Through the worker's one turn watcher when it has one (``voxroom/store/stream_watcher.py``)."""
         if self.watcher is not None:
             return await self.watcher.wait(room, after_id, max(1, block_ms) / 1000.0)
         if self.raw_cluster is not None:

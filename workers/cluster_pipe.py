@@ -1,10 +1,10 @@
 """The worker's Redis Cluster calls: its job scripts share one automatic pipeline per node.
 
-:class:`~voxroom.cluster_calls.ClusterCalls` sends each command through redis-py's
+:class:`~voxroom.store.cluster.calls.ClusterCalls` sends each command through redis-py's
 ``RedisCluster``: one round trip per command, a pooled connection taken and given back each time.
 A worker publishing many rooms issues many small scripts at about the same moment (take,
 publish, finish, ack, turn checks), so here :meth:`PipelinedClusterCalls.call` sends them through
-a :class:`~voxroom.cluster_autopipe.ClusterAutoPipeline` instead: the commands of one loop turn
+a :class:`~voxroom.store.cluster.pipeline.ClusterAutoPipeline` instead: the commands of one loop turn
 share one write and one read per node, as the single instance's ``AutoPipeline`` does for all.
 
 What stays on redis-py (``call_at`` and the ``cluster`` client itself):
@@ -25,8 +25,8 @@ from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
 
-from voxroom.cluster_autopipe import ClusterAutoPipeline
-from voxroom.cluster_calls import ClusterCalls
+from voxroom.store.cluster.calls import ClusterCalls
+from voxroom.store.cluster.pipeline import ClusterAutoPipeline
 
 SUBCOMMANDS = frozenset({"XGROUP", "XINFO", "OBJECT", "MEMORY", "CLIENT", "CONFIG", "FUNCTION", "SCRIPT"})
 """Commands whose first argument is a subcommand, not a key: sent through redis-py."""

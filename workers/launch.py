@@ -8,13 +8,13 @@ from typing import Any
 from redis.asyncio import Redis
 
 from voxroom.errors import ConfigError
-from voxroom.protocol import SLICE_MS
-from voxroom.settings import Settings
-from voxroom.voices import Catalog, Voice
+from voxroom.runtime.settings import Settings
+from voxroom.voices.catalog import Catalog, Voice
+from voxroom.wire.protocol import SLICE_MS
 from workers.engines.base import Engine
 from workers.engines.lexicon import Lexicon
-from workers.pool import ContextPool, detect_devices
-from workers.worker import Worker
+from workers.intake.worker import Worker
+from workers.pool.pool import ContextPool, detect_devices
 
 log = logging.getLogger("voxroom.worker")
 
@@ -130,7 +130,7 @@ def build_worker(settings: Settings, redis: Redis, *, catalog: Catalog | None = 
 def _cluster_options(settings: Settings, cluster_url: str | None) -> dict[str, Any]:
     if cluster_url is None:
         return {}
-    from voxroom.redis_client import cluster_client
+    from voxroom.store.clients import cluster_client
     from workers.cluster_pipe import PipelinedClusterCalls
 
     # Job scripts, turn checks and audio cache entries share a pipeline per node; the blocked

@@ -27,12 +27,12 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessColl
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from voxroom import metrics as shared
+from voxroom.runtime import metrics as shared
 
 if TYPE_CHECKING:
-    from workers.job import Utterance
-    from workers.publisher import PublishResult
-    from workers.worker import Worker
+    from workers.intake.job import Utterance
+    from workers.intake.worker import Worker
+    from workers.output.publisher import PublishResult
 
 STAGE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5,
                  2.0, 3.0, 5.0, 10.0)

@@ -28,7 +28,7 @@ end
 """The turn fence every script that writes a line's output into its room shares (workers/bus.py,
 workers/shards.py): ``our_turn(state, seq)`` is whether the room's ``next`` is ``seq`` (a missing
 ``next`` is 1, as ``wait_for_turn`` reads it). One HGET: a script checks it once per job. A line
-publishes only in its turn (``workers/publisher.py``), and ``next`` moves past it only by its own
+publishes only in its turn (``workers/output/publisher.py``), and ``next`` moves past it only by its own
 end or by a later line's skip; the fence makes Redis refuse the line's writes after such a skip,
 atomically with them, instead of letting them interleave with the line that skipped."""
 

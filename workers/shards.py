@@ -40,9 +40,9 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from voxroom import keys
-from voxroom.cluster_calls import ClusterCalls
-from workers.job import Job
+from voxroom.store import keys
+from voxroom.store.cluster.calls import ClusterCalls
+from workers.intake.job import Job
 from workers.room_lua import PENDING_LUA, ROOM_LUA, TURN_LUA
 
 log = logging.getLogger("voxroom.worker.shards")
@@ -57,7 +57,7 @@ end
 """ + ROOM_LUA + TURN_LUA
 """``ring(output)``: the room's doorbell (``keys.room_bell``: ``vx:room:{R}:out`` -> ``vx:room:{R}:bell``,
 the same hash tag, so the same slot), rung once per script call that appended to ``:out``: the
-gateways subscribed to it read the room now (voxroom/cluster_bells.py). Needs Redis 7.0."""
+gateways subscribed to it read the room now (voxroom/store/cluster/bells.py). Needs Redis 7.0."""
 
 # KEYS: 1 state. ARGV: 1 owner field, 2 token, 3 deliveries, 4 entry, 5 ttl, 6 only_unset.
 # Returns 1 taken, 0 a later delivery of this entry owns the line, -1 another entry does.

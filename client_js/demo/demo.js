@@ -138,7 +138,7 @@ export function readable(chars, from = 0, to = chars.length) {
   for (let i = from; i < to; i++) {
     const c = chars[i];
     const close = c === '[' ? ']' : c === '<' ? '>' : null;
-    // Markup as the server parses it (voxroom/markup.py): `[` + a letter, `<` + a letter or `/!?`.
+    // Markup as the server parses it (voxroom/voices/markup.py): `[` + a letter, `<` + a letter or `/!?`.
     let j = i + 1;
     while (c === '[' && j < to && /\s/u.test(chars[j])) j++;
     if (close && (c === '[' ? /\p{L}/u.test(chars[j] ?? '') : /[\p{L}/!?]/u.test(chars[j] ?? ''))) {

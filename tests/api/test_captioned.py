@@ -15,11 +15,11 @@ import numpy as np
 import openai
 import pytest
 
-from app.speech_room import split_input
+from app.api.speech_room import split_input
 from tests.api.test_openai_sdk import client
 from tests.api.test_speech_long_input import long_text
 from tests.conftest import Stack
-from voxroom.protocol import ROOM_RATE
+from voxroom.wire.protocol import ROOM_RATE
 from workers.engines.marks import speech_bounds, split_words
 
 LINE = "Good evening, villagers. Tonight the werewolves will choose their victim."

@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import Stack
 from tests.security.clients import connect, next_json, refusal, ws_url
 from tests.support.processes import Proc, start_gateway
-from voxroom.protocol import CloseCode
+from voxroom.wire.protocol import CloseCode
 
 GAME = "https://game.example"
 EDITOR = "http://localhost:5173"

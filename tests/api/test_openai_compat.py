@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from app.openai_compat import MODELS, OPENAI_VOICES
+from app.api.openai_compat import MODELS, OPENAI_VOICES
 from tests.conftest import Stack
 
 CURRENT_OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer",

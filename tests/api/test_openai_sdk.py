@@ -7,12 +7,12 @@ from pathlib import Path
 import openai
 import pytest
 
-from app.openai_compat import MODELS
+from app.api.openai_compat import MODELS
 from tests.api.test_speech_api import decode
 from tests.audio_analysis import is_speech_like
 from tests.conftest import Stack
 from tests.support.processes import start_gateway
-from voxroom.protocol import ROOM_RATE
+from voxroom.wire.protocol import ROOM_RATE
 
 LINE = "Good evening, villagers. Tonight the werewolves will choose their victim."
 

@@ -17,8 +17,9 @@ from redis.asyncio import Redis
 from tests.audio_analysis import is_speech_like, voiced_duration_s
 from tests.conftest import Stack
 from tests.support.processes import start_gateway
-from voxroom import keys, tokens
-from voxroom.protocol import ROOM_RATE
+from voxroom.store import keys
+from voxroom.wire import tokens
+from voxroom.wire.protocol import ROOM_RATE
 
 LINE = "Good evening, villagers. Tonight the werewolves will choose their victim."
 
@@ -173,13 +174,13 @@ async def test_with_auth_on_it_takes_a_speaker_bearer_token_for_the_api(stack: S
 
 async def test_waiting_responses_share_one_blocked_read(tmp_path: Path) -> None:
     """Six responses waiting for their first audio (the worker is paused) wait on the gateway's one
-    stream watcher (voxroom/stream_watcher.py), not on a blocked XREAD each; all answer once the
+    stream watcher (voxroom/store/stream_watcher.py), not on a blocked XREAD each; all answer once the
     worker goes on."""
     import os
     import signal
 
     from tests.support.processes import start_worker
-    from voxroom.redis_server import RedisServer
+    from voxroom.store.server import RedisServer
 
     with RedisServer() as server:
         worker = start_worker(server.url, tmp_path)

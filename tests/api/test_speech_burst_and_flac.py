@@ -15,7 +15,7 @@ import soundfile
 from tests.audio_analysis import is_speech_like
 from tests.conftest import Stack
 from tests.support.processes import start_gateway
-from voxroom.protocol import ROOM_RATE
+from voxroom.wire.protocol import ROOM_RATE
 
 CAP = 4
 BURST = 40

@@ -8,9 +8,9 @@ import time
 import httpx
 import numpy as np
 
-from app.speech_room import MAX_INPUT_CHARS, split_input
+from app.api.speech_room import MAX_INPUT_CHARS, split_input
 from tests.conftest import Stack
-from voxroom.protocol import MAX_TEXT_CHARS
+from voxroom.wire.protocol import MAX_TEXT_CHARS
 
 SENTENCES = ["The lantern swung once in the wind.", "Nobody in the village slept that night.",
              "At dawn the elder counted the houses, and one door stood open.",

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from app import speech_api, speech_formats
+from app.api import speech_api, speech_formats
 
 
 @pytest.fixture
@@ -56,7 +56,7 @@ def test_an_unexpected_failure_in_a_v1_handler_is_a_json_500_not_plain_text() ->
     from starlette.routing import Route
     from starlette.testclient import TestClient
 
-    from app.voices_api import json_errors
+    from app.api.voices_api import json_errors
 
     async def broken(request: Request) -> Response:
         raise RuntimeError("a bug")

@@ -9,10 +9,10 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from voxroom import keys
-from voxroom.protocol import SLICE_SAMPLES
-from voxroom.voices import Voice
-from workers.cache import SLICE_BYTES, AudioCache, CachedLine, fingerprint, normalise_text, to_slices
+from voxroom.store import keys
+from voxroom.voices.catalog import Voice
+from voxroom.wire.protocol import SLICE_SAMPLES
+from workers.audio_cache.cache import SLICE_BYTES, AudioCache, CachedLine, fingerprint, normalise_text, to_slices
 from workers.engines.marks import WordMark
 
 VOICE = Voice("v", "espeak", "eng", params={"voice": "en-us"})

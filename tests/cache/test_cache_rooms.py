@@ -14,8 +14,8 @@ from redis.asyncio import Redis
 from tests.conftest import Stack
 from tests.support.processes import start_gateway, start_worker
 from tests.support.room_client import RoomClient
-from voxroom import keys
-from voxroom.redis_server import RedisServer
+from voxroom.store import keys
+from voxroom.store.server import RedisServer
 
 
 async def heartbeat_after(redis: Redis, after_ms: float, timeout: float = 8.0) -> dict[str, str]:

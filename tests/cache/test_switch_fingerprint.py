@@ -3,8 +3,8 @@ switch is its own entry, never the plain voice's."""
 
 from __future__ import annotations
 
-from voxroom.voices import Voice
-from workers.cache import fingerprint
+from voxroom.voices.catalog import Voice
+from workers.audio_cache.cache import fingerprint
 
 A = Voice("a", "chattts", "eng", params={"seed": 11})
 B = Voice("b", "chattts", "eng", params={"seed": 22})

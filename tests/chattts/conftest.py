@@ -15,7 +15,7 @@ import ChatTTS  # noqa: F401
 import numpy as np
 import pytest
 
-from voxroom.voices import Voice
+from voxroom.voices.catalog import Voice
 from workers.engines.base import SynthesisRequest
 from workers.engines.chattts import (
     ChatTTSEngine,

@@ -110,7 +110,7 @@ def test_continuous_is_an_engine_option(cont: ChatTTSEngine) -> None:
 def test_the_setting_reaches_the_engine_the_worker_builds(tiny_dir: Path) -> None:
     """VOXROOM_CHATTTS_CONTINUOUS reaches the engine the worker builds: on by default, ``0``
     keeps windowed batches."""
-    from voxroom.settings import Settings
+    from voxroom.runtime.settings import Settings
     from workers.engines import registry
     from workers.launch import engine_options
 
@@ -264,7 +264,7 @@ def test_the_yield_setting_reaches_the_engine_and_a_bad_one_is_refused(tiny_dir:
     """VOXROOM_CHATTTS_YIELD_AHEAD_S reaches the engine the worker builds (2 s by default, ``inf``
     never yields); a negative or NaN value is refused with the setting's name."""
     from voxroom.errors import ConfigError, EngineError
-    from voxroom.settings import Settings
+    from voxroom.runtime.settings import Settings
     from workers.engines import registry
     from workers.launch import engine_options
 
@@ -274,7 +274,7 @@ def test_the_yield_setting_reaches_the_engine_and_a_bad_one_is_refused(tiny_dir:
         engine = registry.create_engine("chattts", **engine_options("chattts", Settings.from_env({**base, **env})))
         assert getattr(engine, "yield_ahead_s", None) == want
     for bad in ("-1", "nan"):
-        # Refused where the environment is read (voxroom/settings_rules.py), and by the engine
+        # Refused where the environment is read (voxroom/runtime/settings_rules.py), and by the engine
         # itself for settings built in code.
         with pytest.raises(ConfigError, match="VOXROOM_CHATTTS_YIELD_AHEAD_S"):
             Settings.from_env({**base, "VOXROOM_CHATTTS_YIELD_AHEAD_S": bad})
@@ -284,7 +284,7 @@ def test_the_yield_setting_reaches_the_engine_and_a_bad_one_is_refused(tiny_dir:
 
 
 def test_admit_none_returns_and_a_bad_request_fails_alone(cont: ChatTTSEngine) -> None:
-    from voxroom.voices import Voice
+    from voxroom.voices.catalog import Voice
 
     unknown = SynthesisRequest(text="Who am I?", voice=Voice(id="zz", engine="chattts", language="eng",
                                                              params={"blend": [{"voice": "nobody", "weight": 1}]}))
@@ -293,7 +293,7 @@ def test_admit_none_returns_and_a_bad_request_fails_alone(cont: ChatTTSEngine) -
     assert_same(s.audio("one"), solo(cont, ONE))
 
 
-# --- through the real context (workers/context.py drives every continuous engine) ----------------
+# --- through the real context (workers/pool/context.py drives every continuous engine) ----------------
 
 async def test_a_context_cut_at_max_utterance_stops_the_rows_gpt_steps(tiny_dir: Path) -> None:
     """The context cuts a line at ``max_slices`` (VOXROOM_MAX_UTTERANCE_MS) by setting its cancel
@@ -302,10 +302,10 @@ async def test_a_context_cut_at_max_utterance_stops_the_rows_gpt_steps(tiny_dir:
     import asyncio
 
     from tests.chattts.conftest import VOICES
-    from voxroom.voices import Catalog
-    from workers.context import Context
-    from workers.job import Job as LineJob
-    from workers.job import SliceBuffer, Utterance
+    from voxroom.voices.catalog import Catalog
+    from workers.intake.job import Job as LineJob
+    from workers.intake.job import SliceBuffer, Utterance
+    from workers.pool.context import Context
 
     engine = make_engine(tiny_dir, temperature=0.0, fade_ms=0.0, continuous=True, min_new_tokens=80,
                          max_new_tokens=80)

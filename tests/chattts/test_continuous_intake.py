@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from tests.chattts.conftest import VOICES, make_engine
-from voxroom.voices import Catalog
-from workers import rows
-from workers.job import Job, SliceBuffer, Utterance
-from workers.pool import ContextPool
+from voxroom.voices.catalog import Catalog
+from workers.intake.job import Job, SliceBuffer, Utterance
+from workers.pool import continuous_rows as rows
+from workers.pool.pool import ContextPool
 
 pytestmark = pytest.mark.chattts
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from voxroom.settings import Settings
+from voxroom.runtime.settings import Settings
 from workers.engines.chattts import ChatTTSEngine
 from workers.launch import engine_options
 

@@ -77,7 +77,7 @@ def test_blend_seed_and_string_voices(engine: ChatTTSEngine) -> None:
     assert engine.embedding(VOICES["ab"]) is ab  # cached: a voice switch is a dict lookup
     assert abs(float(a.norm()) - 1.0) < 1e-5 and not torch.allclose(a, b)
     # ChatTTS's own string form round-trips (float16 precision)
-    from voxroom.voices import Voice
+    from voxroom.voices.catalog import Voice
 
     text_form = engine.chat.speaker._encode(a)
     s = engine.embedding(Voice(id="s", engine="chattts", language="eng", params={"embedding": text_form}))
@@ -86,7 +86,7 @@ def test_blend_seed_and_string_voices(engine: ChatTTSEngine) -> None:
 
 def test_seed_voice_is_upstreams_seeded_random_speaker(engine: ChatTTSEngine) -> None:
     """{"seed": N} names the speaker `torch.manual_seed(N); chat.sample_random_speaker()` gives."""
-    from voxroom.voices import Voice
+    from voxroom.voices.catalog import Voice
 
     torch.manual_seed(2222)
     upstream = engine.chat.speaker._sample_random()

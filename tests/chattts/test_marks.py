@@ -2,7 +2,7 @@
 alone (``stream_timed``), a windowed batch (``stream_batch``) and continuous rows
 (``stream_continuous``) each give every word of the request's text one mark, in order, offsets
 into the text as given (before ChatTTS's normalizer), each piece's marks right after that piece's
-last chunk and inside that piece's audio. Through the pool's wrapper (workers/engines/markup.py)
+last chunk and inside that piece's audio. Through the pool's wrapper (workers/engines/wrappers.py)
 the offsets index the line as sent: markup and the lexicon's respellings mapped back.
 
 The random model speaks no words: these tests check which words get marks and where in the audio
@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 
 from tests.chattts.conftest import make_engine, never, request
+from voxroom.voices.text_split import split_text
 from workers.engines.base import SynthesisRequest
 from workers.engines.chattts import ChatTTSEngine
-from workers.engines.chattts.text_split import split_text
 from workers.engines.lexicon import Lexicon
 from workers.engines.marks import WordMark, split_words
-from workers.engines.markup import RewritingEngine, wrap
+from workers.engines.wrappers import RewritingEngine, wrap
 
 pytestmark = pytest.mark.chattts
 
@@ -183,7 +183,7 @@ def test_the_pools_wrapper_maps_marks_to_the_line_as_sent(windowed: ChatTTSEngin
 def test_one_row_at_a_time_the_narrator_wrapper_uses_the_pieces_marks(tiny_dir: Path) -> None:
     """``max_batch`` 1: the pool wraps ChatTTS in ``NarratorEngine``, which cuts the line at its
     pauses and takes each markup piece's marks from ChatTTS's ``stream_timed``."""
-    from workers.engines.markup import NarratorEngine
+    from workers.engines.wrappers import NarratorEngine
 
     engine = wrap(make_engine(tiny_dir, max_batch=1, max_piece_chars=PIECE_CHARS), None)
     try:

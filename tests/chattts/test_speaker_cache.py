@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from voxroom.errors import EngineError
-from voxroom.settings import Settings
-from voxroom.voices import Catalog, Voice
+from voxroom.runtime.settings import Settings
+from voxroom.voices.catalog import Catalog, Voice
 from workers.engines.chattts import ChatTTSEngine
 from workers.engines.chattts.speakers import SPEAKER_CACHE, SpeakerBank
 from workers.engines.registry import create_engine

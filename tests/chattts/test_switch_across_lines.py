@@ -14,15 +14,15 @@ import pytest
 import torch
 from redis.asyncio import Redis
 
-from app.ingress import Ingress
+from app.ingress.say_script import Ingress
 from tests.chattts.conftest import VOICES, collect, make_engine, never, request
-from voxroom import keys
-from voxroom.voices import Catalog
+from voxroom.store import keys
+from voxroom.voices.catalog import Catalog
 from workers.engines.base import SynthesisRequest
 from workers.engines.chattts import ChatTTSEngine
 from workers.engines.chattts.speakers import interpolate
-from workers.engines.markup import wrap
-from workers.job import Job, switch_of
+from workers.engines.wrappers import wrap
+from workers.intake.job import Job, switch_of
 
 CATALOG = Catalog(list(VOICES.values()), "a")
 LINE = "Good evening."
@@ -31,7 +31,7 @@ can carry the switch further."""
 
 
 async def _requests(redis_url: str, room: str, voices: list[str], switch_lines: int) -> list[SynthesisRequest]:
-    """What the worker builds for each line the room says (workers/context.py ``_request``)."""
+    """What the worker builds for each line the room says (workers/pool/context.py ``_request``)."""
     r = Redis.from_url(redis_url, decode_responses=True)
     ingress = Ingress(r, switch_lines=switch_lines)
     try:

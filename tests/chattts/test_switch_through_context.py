@@ -11,13 +11,13 @@ from typing import Any, cast
 import torch
 from redis.asyncio import Redis
 
-from app.ingress import Ingress
+from app.ingress.say_script import Ingress
 from tests.chattts.conftest import VOICES, make_engine
-from voxroom import keys
-from voxroom.voices import Catalog
-from workers.context import Context
+from voxroom.store import keys
+from voxroom.voices.catalog import Catalog
 from workers.engines.chattts.speakers import interpolate
-from workers.job import Job, SliceBuffer, Utterance
+from workers.intake.job import Job, SliceBuffer, Utterance
+from workers.pool.context import Context
 
 
 async def test_a_context_speaks_a_switch_over_the_rooms_next_lines(tiny_dir: Path, redis_url: str,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from workers.engines.chattts.text_split import split_for_transition, split_text
+from voxroom.voices.text_split import split_for_transition, split_text
 
 
 def _chars(s: str) -> str:

@@ -24,7 +24,7 @@ import pytest
 import redis
 
 from tests.support.tls import TlsFiles
-from voxroom.redis_server import RedisServer, find_redis_server, free_port
+from voxroom.store.server import RedisServer, find_redis_server, free_port
 
 PRIMARIES = 3
 START_TIMEOUT_S = 30.0

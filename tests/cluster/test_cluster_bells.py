@@ -26,8 +26,8 @@ from tests.cluster.test_cluster_reads import _hub, _listener, _pipe, _received, 
 from tests.support.heard import assert_heard_whole_once_in_order
 from tests.support.processes import Proc, start_gateway, start_worker
 from tests.support.room_client import RoomClient
-from voxroom import keys
-from voxroom.cluster_bells import CLIENT_NAME
+from voxroom.store import keys
+from voxroom.store.cluster.bells import CLIENT_NAME
 
 ROOMS_PER_PRIMARY = 8
 NEW_CONNECTIONS_PER_NODE_MAX = 3

@@ -24,11 +24,11 @@ from redis.cluster import RedisCluster
 from tests.cluster.conftest import RedisClusterProcs
 from tests.support.processes import Proc, start_gateway, start_worker
 from tests.support.room_client import RoomClient
-from voxroom import keys
-from voxroom.protocol import ROOM_RATE, SLICE_SAMPLES
-from voxroom.redis_client import cluster_client
-from voxroom.settings import Settings
-from workers.cache import AudioCache, CachedLine
+from voxroom.runtime.settings import Settings
+from voxroom.store import keys
+from voxroom.store.clients import cluster_client
+from voxroom.wire.protocol import ROOM_RATE, SLICE_SAMPLES
+from workers.audio_cache.cache import AudioCache, CachedLine
 from workers.cluster_pipe import PipelinedClusterCalls
 
 COUNTERS = ("hits", "misses", "stores", "errors")

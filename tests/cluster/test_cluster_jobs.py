@@ -19,15 +19,16 @@ from typing import Any
 import pytest
 import redis
 
-from app.handoff import HandOff, Line, RoomMark
-from app.ingress import Ingress
-from app.sweeper import Sweeper
+from app.ingress.handoff import HandOff, Line, RoomMark
+from app.ingress.say_script import Ingress
+from app.ingress.sweeper import Sweeper
 from tests.cluster.conftest import RedisClusterProcs
-from voxroom import keys, redis_client
-from voxroom.cluster_calls import ClusterCalls
-from voxroom.redis_client import cluster_client
+from voxroom.store import clients as redis_client
+from voxroom.store import keys
+from voxroom.store.clients import cluster_client
+from voxroom.store.cluster.calls import ClusterCalls
 from workers.bus import OwnershipLost, WorkerBus
-from workers.job import Job
+from workers.intake.job import Job
 
 SHARDS = 12
 LINES = 4
@@ -326,12 +327,12 @@ async def test_a_worker_speaks_lines_of_rooms_on_every_shard(redis_cluster: Redi
     on every shard is read, spoken once (start, slices, end in its room's ``:out``), its turn
     handed on, its owner field cleared and its job acked. (A room's later lines wait for their
     turn through the worker's turn watcher, which reads rooms per node: not covered here.)"""
-    from voxroom.voices import Catalog
+    from voxroom.voices.catalog import Catalog
     from workers.engines.base import Engine
     from workers.engines.synthetic import SyntheticEngine
+    from workers.intake.worker import Worker
     from workers.launch import worker_catalog
-    from workers.pool import ContextPool
-    from workers.worker import Worker
+    from workers.pool.pool import ContextPool
 
     def engines(device: str) -> dict[str, Engine]:
         return {"synthetic": SyntheticEngine(ttfc_ms=5.0, rtf=0.01)}

@@ -27,9 +27,9 @@ from redis.exceptions import MovedError
 from tests.cluster.conftest import RedisClusterProcs
 from tests.support.processes import ROOT, base_env, start_gateway, start_worker
 from tests.support.room_client import RoomClient
-from voxroom import keys
-from voxroom.redis_client import cluster_enabled
-from voxroom.redis_server import RedisServer, free_port
+from voxroom.store import keys
+from voxroom.store.clients import cluster_enabled
+from voxroom.store.server import RedisServer, free_port
 
 ROOM_SHAPES = ["a", "Z", "0", "-", "_", "werewolf-1", "village_2", "_api-" + "f" * 32, "x" * 64,
                "A-b_C-9", "9" * 64, "lobby", "--__--"]
@@ -160,7 +160,7 @@ def _write_room(rc: RedisCluster, room: str, text: str) -> None:
 
 
 def _cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "voxroom", *args, "--redis-url", url], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "voxroom_cli", *args, "--redis-url", url], cwd=ROOT,
                           env=base_env(url), capture_output=True, text=True, timeout=60, check=False)
 
 

@@ -1,7 +1,7 @@
 """A ``MOVED`` that redis-py's ``RedisCluster.execute_command`` follows must not close other
 commands' connections: with its default ``reinitialize_steps`` (5) every fifth ``MOVED`` calls
 ``RedisCluster.aclose()``, and the gateway hub's blocked room read on the same client failed
-("Connection closed by server") in the middle of a reshard. ``voxroom.redis_client.cluster_client``
+("Connection closed by server") in the middle of a reshard. ``voxroom.store.clients.cluster_client``
 sets it to 0 (the slot named by the ``MOVED`` is re-pointed, nothing closed).
 
 On the real 3+3 cluster: a room read blocked through ``ClusterReads`` (as the hub reads) while the
@@ -17,8 +17,8 @@ from typing import Any
 from redis.crc import key_slot
 
 from tests.cluster.conftest import RedisClusterProcs
-from voxroom.cluster_reads import ClusterReads
-from voxroom.redis_client import cluster_from_url
+from voxroom.store.clients import cluster_from_url
+from voxroom.store.cluster.slots import ClusterReads
 
 MOVES = 8
 """More than redis-py's default ``reinitialize_steps`` (5): the old client closed everything once."""

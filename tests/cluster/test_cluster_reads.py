@@ -25,16 +25,16 @@ from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 from starlette.websockets import WebSocket
 
-from app.connection import ClientConnection
-from app.hub import RoomHub
-from app.identity import ClientClaims
+from app.fanout.hub import RoomHub
+from app.room.connection import ClientConnection
+from app.room.identity import ClientClaims
 from tests.cluster.conftest import ClusterNode, RedisClusterProcs
-from voxroom import keys
-from voxroom.backoff import REDIS_DOWN
-from voxroom.cluster_autopipe import ClusterAutoPipeline, command_key
-from voxroom.redis_client import cluster_from_url
-from voxroom.stream_watcher import StreamWatcher
-from voxroom.supervisor import Supervisor
+from voxroom.runtime.supervisor import Supervisor
+from voxroom.store import keys
+from voxroom.store.backoff import REDIS_DOWN
+from voxroom.store.clients import cluster_from_url
+from voxroom.store.cluster.pipeline import ClusterAutoPipeline, command_key
+from voxroom.store.stream_watcher import StreamWatcher
 
 DEADLINE_S = 30.0
 

@@ -37,10 +37,10 @@ from tests.cluster.test_cluster_reads import _node_id, _own_slots, _room_in_slot
 from tests.cluster.test_cluster_rooms import _assert_heard, _say_until_accepted
 from tests.support.processes import Proc, start_gateway, start_worker
 from tests.support.room_client import RoomClient
-from voxroom import keys
-from voxroom.cluster_autopipe import ClusterAutoPipeline
-from voxroom.cluster_calls import ClusterCalls
-from voxroom.redis_client import cluster_client, cluster_from_url
+from voxroom.store import keys
+from voxroom.store.clients import cluster_client, cluster_from_url
+from voxroom.store.cluster.calls import ClusterCalls
+from voxroom.store.cluster.pipeline import ClusterAutoPipeline
 from workers.shards import ShardedJobs
 
 JOB_SHARDS = 12

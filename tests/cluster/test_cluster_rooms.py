@@ -31,8 +31,8 @@ from tests.cluster.conftest import RedisClusterProcs
 from tests.cluster.test_cluster_reads import private_cluster  # noqa: F401 (a fixture)
 from tests.support.processes import ROOT, Proc, base_env, start_gateway, start_worker
 from tests.support.room_client import RoomClient
-from voxroom import keys
-from voxroom.protocol import ROOM_RATE
+from voxroom.store import keys
+from voxroom.wire.protocol import ROOM_RATE
 
 ROOMS_PER_PRIMARY = 2
 LINES = 3
@@ -179,7 +179,7 @@ def test_redis_cli_reads_a_room_from_any_node(stack: ClusterStack, redis_cluster
 def test_voxroom_rooms_lists_the_rooms_of_every_shard(stack: ClusterStack, redis_cluster: RedisClusterProcs,
                                                       tmp_path: Path) -> None:
     url = redis_cluster.nodes[5].url
-    listing = subprocess.run([sys.executable, "-m", "voxroom", "rooms", "--limit", "500", "--redis-url", url],
+    listing = subprocess.run([sys.executable, "-m", "voxroom_cli", "rooms", "--limit", "500", "--redis-url", url],
                              cwd=ROOT, env=base_env(url), capture_output=True, text=True, timeout=60, check=False)
     assert listing.returncode == 0, listing.stderr
     rows = {line.split()[0]: line.split() for line in listing.stdout.splitlines() if line.startswith("e2e-")}
@@ -187,7 +187,7 @@ def test_voxroom_rooms_lists_the_rooms_of_every_shard(stack: ClusterStack, redis
         cols = rows[room]  # room, idle s, last seq, next, ...
         assert (cols[2], cols[3]) == (str(LINES), str(LINES + 1)), cols
     assert "no live worker" not in listing.stdout
-    one = subprocess.run([sys.executable, "-m", "voxroom", "room", stack.rooms[-1], "--redis-url", url],
+    one = subprocess.run([sys.executable, "-m", "voxroom_cli", "room", stack.rooms[-1], "--redis-url", url],
                          cwd=ROOT, env=base_env(url), capture_output=True, text=True, timeout=60, check=False)
     assert one.returncode == 0, one.stderr
     assert f"Line {LINES} in room {stack.rooms[-1]}." in one.stdout

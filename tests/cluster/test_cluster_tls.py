@@ -1,7 +1,7 @@
 """A Redis Cluster reached by ``rediss://`` (docs/cluster.md): TLS only (no plain port), the
 cluster bus and replication over TLS, every client showing a certificate of the test CA.
 
-- The per-node autopipeline (``voxroom/cluster_autopipe.py``) opens its nodes with the cluster
+- The per-node autopipeline (``voxroom/store/cluster/pipeline.py``) opens its nodes with the cluster
   client's TLS options (CA, client certificate): its commands answer, raw as on a plain node, and
   a ``MOVED`` is followed (error replies keep their whole text over TLS:
   tests/reliability/test_redis_tls.py).
@@ -24,9 +24,9 @@ from redis.crc import key_slot
 from tests.cluster.conftest import TlsRedisClusterProcs, replicas_streaming, tls_cluster
 from tests.support.processes import Proc, start_gateway, start_worker
 from tests.support.room_client import RoomClient
-from voxroom import keys
-from voxroom.cluster_autopipe import ClusterAutoPipeline
-from voxroom.redis_client import cluster_from_url
+from voxroom.store import keys
+from voxroom.store.clients import cluster_from_url
+from voxroom.store.cluster.pipeline import ClusterAutoPipeline
 
 LINES = 2
 

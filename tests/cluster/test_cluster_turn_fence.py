@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 
 from tests.cluster.conftest import RedisClusterProcs
-from voxroom import keys, redis_client
-from voxroom.cluster_calls import ClusterCalls
-from voxroom.redis_client import cluster_client
+from voxroom.store import clients as redis_client
+from voxroom.store import keys
+from voxroom.store.clients import cluster_client
+from voxroom.store.cluster.calls import ClusterCalls
 from workers.bus import OwnershipLost, TurnLost, WorkerBus
-from workers.job import Job
+from workers.intake.job import Job
 
 SHARDS = 12
 

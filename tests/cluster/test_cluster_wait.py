@@ -25,7 +25,7 @@ from redis.cluster import RedisCluster
 from tests.cluster.conftest import ClusterNode, RedisClusterProcs, replicas_streaming
 from tests.support.processes import start_gateway, start_worker
 from tests.support.room_client import RoomClient
-from voxroom import keys
+from voxroom.store import keys
 
 VOICE = "en-joe"
 WAIT_TIMEOUT_MS = 1500

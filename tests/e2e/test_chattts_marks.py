@@ -22,8 +22,8 @@ import pytest
 
 from tests.support.processes import start_gateway, start_worker
 from tests.support.room_client import RoomClient
-from voxroom.protocol import SLICE_MS
-from voxroom.redis_server import RedisServer
+from voxroom.store.server import RedisServer
+from voxroom.wire.protocol import SLICE_MS
 from workers.engines.marks import split_words
 
 pytestmark = pytest.mark.chattts

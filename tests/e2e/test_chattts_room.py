@@ -16,8 +16,8 @@ import pytest
 from tests.audio_analysis import max_jump, rms
 from tests.support.processes import Proc, start_gateway, start_worker
 from tests.support.room_client import RoomClient
-from voxroom.protocol import ROOM_RATE, SLICE_SAMPLES
-from voxroom.redis_server import RedisServer
+from voxroom.store.server import RedisServer
+from voxroom.wire.protocol import ROOM_RATE, SLICE_SAMPLES
 
 pytestmark = pytest.mark.chattts
 STEPS = 60  # GPT steps a piece: 60 / 46.875 = 1.28 s of audio

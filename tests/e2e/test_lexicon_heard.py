@@ -19,7 +19,7 @@ import soxr
 
 from tests.conftest import Stack
 from tests.e2e.test_line_lexicon import speak
-from voxroom.protocol import ROOM_RATE
+from voxroom.wire.protocol import ROOM_RATE
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from mandarin_cer import whisper_base_dir  # noqa: E402  (bench/ is scripts, not a package)

@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import Stack
 from tests.support.room_client import RoomClient
-from voxroom.protocol import ROOM_RATE
+from voxroom.wire.protocol import ROOM_RATE
 
 
 async def speak(port: int, room: str, text: str, voice: str, lexicon: dict[str, str] | None = None, *,

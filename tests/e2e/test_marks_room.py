@@ -15,8 +15,8 @@ from redis.asyncio import Redis
 
 from tests.conftest import Stack
 from tests.support.room_client import Received, RoomClient
-from voxroom import keys
-from voxroom.protocol import ROOM_RATE, SLICE_MS, AudioFrame
+from voxroom.store import keys
+from voxroom.wire.protocol import ROOM_RATE, SLICE_MS, AudioFrame
 from workers.engines.marks import speech_bounds, split_words
 
 ONSET_TOLERANCE_MS = 80.0

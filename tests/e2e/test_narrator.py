@@ -15,8 +15,8 @@ from tests.e2e.test_line_lexicon import speak
 from tests.engines.test_markup import longest_silence_ms
 from tests.support.processes import Proc, base_env, start_gateway, start_worker
 from tests.support.room_client import RoomClient
-from voxroom.protocol import ROOM_RATE, SLICE_MS
-from voxroom.redis_server import RedisServer
+from voxroom.store.server import RedisServer
+from voxroom.wire.protocol import ROOM_RATE, SLICE_MS
 
 LINE = "The night falls. [pause:700] Werewolves, open your eyes."
 
@@ -42,7 +42,7 @@ async def test_markup_that_is_not_understood_is_refused_at_the_gateway(stack: St
 def test_a_worker_with_a_bad_lexicon_refuses_to_start(redis_url: str, tmp_path: Path) -> None:
     lexicon = tmp_path / "names.tsv"
     lexicon.write_text("# names\nLupin\tLoo pan\nSeer\n", "utf-8")
-    worker = Proc([sys.executable, "-m", "voxroom", "worker", "--engine", "offline"],
+    worker = Proc([sys.executable, "-m", "voxroom_cli", "worker", "--engine", "offline"],
                   base_env(redis_url, VOXROOM_LEXICON=str(lexicon)), tmp_path / "worker.log")
     try:
         code = worker.popen.wait(60)

@@ -9,7 +9,7 @@ import numpy as np
 from tests.audio_analysis import is_speech_like, max_jump
 from tests.conftest import Stack
 from tests.support.room_client import RoomClient
-from voxroom.protocol import ROOM_RATE, SLICE_SAMPLES
+from voxroom.wire.protocol import ROOM_RATE, SLICE_SAMPLES
 
 SLICE_US = SLICE_SAMPLES * 1_000_000 // ROOM_RATE
 

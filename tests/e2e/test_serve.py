@@ -11,7 +11,7 @@ import psutil
 
 from tests.support.processes import ROOT, base_env, wait_http
 from tests.support.room_client import RoomClient
-from voxroom.redis_server import free_port
+from voxroom.store.server import free_port
 
 
 async def test_serve_runs_a_room_and_stops_without_orphans(tmp_path: Path) -> None:
@@ -19,7 +19,7 @@ async def test_serve_runs_a_room_and_stops_without_orphans(tmp_path: Path) -> No
     env = base_env("")
     env.pop("REDIS_URL")
     log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen([sys.executable, "-m", "voxroom", "serve", "--port", str(port), "--insecure-dev",
+    proc = subprocess.Popen([sys.executable, "-m", "voxroom_cli", "serve", "--port", str(port), "--insecure-dev",
                              "--contexts", "1"], env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_http(f"http://127.0.0.1:{port}/healthz", timeout=30)

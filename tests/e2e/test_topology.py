@@ -10,7 +10,7 @@ import pytest
 
 from tests.support.processes import start_gateway, start_worker
 from tests.support.room_client import RoomClient
-from voxroom.redis_server import RedisServer
+from voxroom.store.server import RedisServer
 
 
 @pytest.fixture

@@ -6,9 +6,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from voxroom.voices import Catalog
+from voxroom.voices.catalog import Catalog
 from workers.engines.espeak import EspeakEngine
-from workers.engines.piper import PiperEngine
+from workers.engines.piper.engine import PiperEngine
 
 
 @pytest.fixture(scope="session")

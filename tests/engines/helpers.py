@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from voxroom.voices import Voice
+from voxroom.voices.catalog import Voice
 from workers.engines.base import Engine, SynthesisRequest
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tests.audio_analysis import frame_rms
-from voxroom.voices import Voice
+from voxroom.voices.catalog import Voice
 from workers.engines.base import SynthesisRequest, TimedEngine
 from workers.engines.marks import WordMark
 

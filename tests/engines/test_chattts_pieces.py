@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from workers.engines.chattts.text_split import split_for_transition, split_text
+from voxroom.voices.text_split import split_for_transition, split_text
 from workers.engines.chattts.timing import PieceTimer
 from workers.engines.marks import WordMark, split_words
 from workers.engines.synthetic import SyntheticEngine

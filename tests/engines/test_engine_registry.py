@@ -9,7 +9,7 @@ import pytest
 
 from tests.audio_analysis import is_speech_like
 from voxroom.errors import EngineError
-from voxroom.voices import Catalog
+from voxroom.voices.catalog import Catalog
 from workers.engines.base import Engine
 from workers.engines.registry import available_offline_engines, create_engine
 
@@ -60,7 +60,7 @@ def test_registry_imports_no_engine() -> None:
     """Importing the registry must not pull in onnxruntime, piper or torch (light installs)."""
     code = ("import sys, workers.engines.registry as r; r.available_offline_engines(); "
             "print(sorted(m for m in ('onnxruntime', 'piper', 'torch', 'espeakng_loader', "
-            "'workers.engines.piper', 'workers.engines.espeak') if m in sys.modules))")
+            "'workers.engines.piper.engine', 'workers.engines.espeak') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          timeout=60)
     assert out.stdout.strip() == "[]"

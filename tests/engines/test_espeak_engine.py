@@ -9,7 +9,7 @@ import pytest
 
 from tests.audio_analysis import CLICK_RATIO, is_speech_like, max_jump, rms
 from voxroom.errors import EngineError
-from voxroom.voices import Catalog
+from voxroom.voices.catalog import Catalog
 from workers.engines.base import Engine
 from workers.engines.espeak import DEFAULT_RATE, EspeakEngine
 

@@ -11,13 +11,13 @@ import pytest
 
 from tests.engines.helpers import synthesize
 from voxroom.errors import ConfigError
-from voxroom.settings import Settings
-from voxroom.voices import Catalog
+from voxroom.runtime.settings import Settings
+from voxroom.voices.catalog import Catalog
 from workers.engines.base import Pcm, SynthesisRequest
 from workers.engines.espeak import EspeakEngine
 from workers.engines.lexicon import MAX_ENTRIES, Lexicon
-from workers.engines.markup import NarratorEngine
-from workers.engines.piper import PiperEngine
+from workers.engines.piper.engine import PiperEngine
+from workers.engines.wrappers import NarratorEngine
 
 FILE = """\
 # a game's names, as the narrator must say them

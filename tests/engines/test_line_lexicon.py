@@ -8,14 +8,14 @@ import threading
 import numpy as np
 import pytest
 
-from voxroom.voices import Catalog
-from workers.cache import fingerprint
-from workers.cached import fingerprint_of
+from voxroom.voices.catalog import Catalog
+from workers.audio_cache.cache import fingerprint
 from workers.engines.base import Engine, SynthesisRequest
 from workers.engines.espeak import EspeakEngine
 from workers.engines.lexicon import Lexicon, for_line
 from workers.engines.marks import WordMark
-from workers.engines.markup import NarratorEngine, RewritingEngine
+from workers.engines.wrappers import NarratorEngine, RewritingEngine
+from workers.pool.cache_race import fingerprint_of
 
 DEPLOYMENT = Lexicon.from_text("seer\tseeer\nWerewolf King\tthe wolf king\nLupin\tLoo pan\tespeak=l'u:p@n\n"
                                "重庆\t虫庆\n")

@@ -13,7 +13,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from voxroom.voices import Catalog
+from voxroom.voices.catalog import Catalog
 from workers.engines.espeak import EspeakEngine
 
 from .helpers import synthesize, voice_with

@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 
 from tests.engines.marks_check import PAUSED, Timed, after_punctuation, run_timed
-from voxroom.voices import Catalog
+from voxroom.voices.catalog import Catalog
 from workers.engines.base import SynthesisRequest, TimedEngine
 from workers.engines.espeak import EspeakEngine
 from workers.engines.lexicon import Lexicon
 from workers.engines.marks import Rewrite, WordMark, estimate, map_back, split_words, syllables
-from workers.engines.markup import NarratorEngine
-from workers.engines.piper import PiperEngine
-from workers.engines.piper_timing import align, phoneme_words, with_durations
+from workers.engines.piper.engine import PiperEngine
+from workers.engines.piper.timing import align, phoneme_words, with_durations
 from workers.engines.synthetic import SyntheticEngine
+from workers.engines.wrappers import NarratorEngine
 
 ONSET_TOLERANCE_MS = 80.0
 """Issue 16: a word's start within 80 ms of the sound that follows a word boundary (espeak-ng)."""
@@ -179,7 +179,7 @@ def test_word_marks_shift_and_name_as_documented() -> None:
 
 
 def test_chattts_pieces_give_marks_in_the_text(catalog: Catalog) -> None:
-    from workers.engines.chattts.text_split import split_text
+    from voxroom.voices.text_split import split_text
     from workers.engines.chattts.timing import PieceTimer
 
     text = "Night falls on the village.  Everyone, close your eyes. 天黑请闭眼。狼人请睁眼。"

@@ -11,17 +11,18 @@ import pytest
 
 from tests.audio_analysis import frame_rms
 from tests.engines.helpers import synthesize
-from voxroom import markup, protocol
 from voxroom.errors import EngineError
-from voxroom.markup import MarkupError, Pause, parse
-from voxroom.protocol import ErrorCode, ProtocolError, Say
-from voxroom.voices import Catalog
+from voxroom.voices import markup
+from voxroom.voices.catalog import Catalog
+from voxroom.voices.markup import MarkupError, Pause, parse
+from voxroom.wire import protocol
+from voxroom.wire.protocol import ErrorCode, ProtocolError, Say
 from workers.engines.base import Admit, Pcm, SynthesisRequest
 from workers.engines.espeak import EspeakEngine
 from workers.engines.lexicon import Lexicon
-from workers.engines.markup import MARKUP_VERSION, NarratorEngine, RewritingEngine, wrap
-from workers.engines.piper import PiperEngine
+from workers.engines.piper.engine import PiperEngine
 from workers.engines.synthetic import SyntheticEngine
+from workers.engines.wrappers import MARKUP_VERSION, NarratorEngine, RewritingEngine, wrap
 
 SLICE_MS = protocol.SLICE_MS
 LOUD_DBFS = -40.0

@@ -9,9 +9,9 @@ import pytest
 
 from tests.audio_analysis import CLICK_RATIO, is_speech_like, max_jump, rms, voiced_duration_s
 from voxroom.errors import EngineError
-from voxroom.voices import Catalog
+from voxroom.voices.catalog import Catalog
 from workers.engines.base import Engine
-from workers.engines.piper import PiperEngine
+from workers.engines.piper.engine import PiperEngine
 
 from .helpers import synthesize, voice_with
 

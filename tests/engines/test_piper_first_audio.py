@@ -1,4 +1,4 @@
-"""Piper's first piece (workers/engines/piper_pieces.py): a long first sentence is cut after its
+"""Piper's first piece (workers/engines/piper/pieces.py): a long first sentence is cut after its
 first phrase, so that the first chunk is that phrase's audio; the pieces join without a click, a
 jump in loudness or a lost word, and word marks stay where the words sound."""
 
@@ -12,12 +12,12 @@ import pytest
 from tests.audio_analysis import CLICK_RATIO, dbfs, frame_rms, is_speech_like, max_jump, rms
 from tests.engines.marks_check import run_timed
 from tests.engines.test_marks import PIPER_TOLERANCE_MS, check_marks, check_onsets
-from voxroom.voices import Catalog
+from voxroom.voices.catalog import Catalog
 from workers.engines.base import SynthesisRequest
-from workers.engines.markup import NarratorEngine
-from workers.engines.piper import PiperEngine
-from workers.engines.piper_pieces import plan
-from workers.engines.piper_threads import running
+from workers.engines.piper.engine import PiperEngine
+from workers.engines.piper.pieces import plan
+from workers.engines.piper.threads import running
+from workers.engines.wrappers import NarratorEngine
 
 from .helpers import synthesize
 
@@ -123,7 +123,7 @@ def test_cancel_after_the_first_phrase_stops_there(piper: PiperEngine, catalog: 
 def test_streams_running_together_are_counted_and_each_stays_whole(piper: PiperEngine, uncut: PiperEngine,
                                                                    catalog: Catalog) -> None:
     # A piece starts on the two-thread session only while its stream runs alone
-    # (workers/engines/piper_threads.py); the count must follow streams opened and closed.
+    # (workers/engines/piper/threads.py); the count must follow streams opened and closed.
     voice = catalog.get("en-joe")
     assert running() == 0
     a = piper.stream(SynthesisRequest(text=LINE, voice=voice), threading.Event())

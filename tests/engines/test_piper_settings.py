@@ -14,11 +14,11 @@ import sys
 import pytest
 
 from voxroom.errors import EngineError
-from voxroom.settings import Settings
-from voxroom.voices import Catalog
+from voxroom.runtime.settings import Settings
+from voxroom.voices.catalog import Catalog
 from workers.engines.base import Engine
-from workers.engines.piper import SOLO_THREADS, PiperEngine
-from workers.engines.piper_pieces import FIRST_PIECE_WORDS
+from workers.engines.piper.engine import SOLO_THREADS, PiperEngine
+from workers.engines.piper.pieces import FIRST_PIECE_WORDS
 from workers.engines.registry import create_engine
 from workers.launch import engine_options
 
@@ -73,10 +73,10 @@ def test_solo_threads_reach_the_engine(caplog: pytest.LogCaptureFixture, catalog
 ])
 def test_nonsense_stops_the_worker_at_start(redis_url: str, name: str, value: str, why: str) -> None:
     env = {**os.environ, "REDIS_URL": redis_url, name: value, "VOXROOM_WORKER_METRICS_PORT": "0"}
-    done = subprocess.run([sys.executable, "-m", "voxroom", "worker", "--engine", "offline"], env=env,
+    done = subprocess.run([sys.executable, "-m", "voxroom_cli", "worker", "--engine", "offline"], env=env,
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2, done.stderr
-    # Refused where the environment is read (voxroom/settings_rules.py), before any engine loads.
+    # Refused where the environment is read (voxroom/runtime/settings_rules.py), before any engine loads.
     assert done.stderr.strip().splitlines()[-1].startswith("voxroom: bad settings: "), done.stderr
     assert re.search(why, done.stderr), done.stderr
 

@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from voxroom.voices import Voice
+from voxroom.voices.catalog import Voice
 from workers.engines.base import Admit, RowItem, SynthesisRequest
 from workers.engines.lexicon import Lexicon
 from workers.engines.marks import WordMark, split_words
-from workers.engines.markup import RewritingEngine, wrap
+from workers.engines.wrappers import RewritingEngine, wrap
 
 VOICE = Voice(id="v", engine="echo", language="eng")
 LEXICON = Lexicon.from_text("seer\tsee er\nthe village\tthevillage\n")

@@ -1,4 +1,4 @@
-// Opus frames: packet unpacking (bytes from voxroom/opus.py) and the frame -> slice assembly
+// Opus frames: packet unpacking (bytes from workers/output/opus.py) and the frame -> slice assembly
 // around a WebCodecs-shaped decoder (a fake here; the real one runs in the browser test).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -6,8 +6,8 @@ import { OPUS_PRE_SKIP_US, OpusFrameDecoder, unpackOpusPackets } from '../../cli
 
 const hex = (s) => Uint8Array.from(s.match(/../g), (b) => parseInt(b, 16));
 
-test('unpacks length-prefixed packets as voxroom.opus.pack_packets lays them out', () => {
-  // .venv/bin/python -c 'from voxroom.opus import pack_packets; print(pack_packets([b"\x01\x02\x03", b"", bytes(range(10))]).hex())'
+test('unpacks length-prefixed packets as workers.output.opus.pack_packets lays them out', () => {
+  // .venv/bin/python -c 'from workers.output.opus import pack_packets; print(pack_packets([b"\x01\x02\x03", b"", bytes(range(10))]).hex())'
   const packets = unpackOpusPackets(hex('00030102030000000a00010203040506070809'));
   assert.deepEqual(packets.map((p) => [...p]), [[1, 2, 3], [], [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]]);
   assert.throws(() => unpackOpusPackets(hex('0003010203' + '00')), /length prefix/);

@@ -1,4 +1,4 @@
-// Wire protocol, client side: bytes in, objects out, checked against voxroom/protocol.py's layout.
+// Wire protocol, client side: bytes in, objects out, checked against voxroom/wire/protocol.py's layout.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
@@ -44,7 +44,7 @@ test('decodes a frame laid out byte by byte like AudioFrame.encode', () => {
   assert.deepEqual([...pcm16ToFloat32(f.payload)], [0.5, -0.5, 32767 / 32768]);
 });
 
-test('decodes the fixture produced by voxroom/protocol.py (odd room length: payload at an odd offset)', () => {
+test('decodes the fixture produced by voxroom/wire/protocol.py (odd room length: payload at an odd offset)', () => {
   const bytes = hex(readFileSync(new URL('./fixtures/audio_frame_python.hex', import.meta.url), 'utf8'));
   const f = decodeAudioFrame(bytes);
   assert.equal(f.room, 'lobby-7');
@@ -67,7 +67,7 @@ test('encodeAudioFrame reproduces the Python bytes exactly', () => {
 
 test('a frame encoded by the live Python module decodes to the same fields', { skip: !existsSync(`${root}.venv/bin/python`) && 'no .venv' }, () => {
   const out = execFileSync(`${root}.venv/bin/python`, ['-c', `
-from voxroom.protocol import AudioFrame
+from voxroom.wire.protocol import AudioFrame
 import struct
 print(AudioFrame(room="ü", seq=2**32-1, chunk=3, pts_us=2**53-1, sample_rate=24000, samples=2,
   payload=struct.pack("<2h", -2, 2), first=True, last=True).encode().hex())`], { cwd: root, encoding: 'utf8' });

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.processes import Proc, start_gateway, start_worker
-from voxroom.redis_server import RedisServer
+from voxroom.store.server import RedisServer
 
 ENGINE_TTFC_MS = 50  # the synthetic engine's default
 

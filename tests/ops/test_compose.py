@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from tests.support.processes import ROOT
-from voxroom.cli import build_parser
-from voxroom.settings import Settings
+from voxroom.runtime.settings import Settings
+from voxroom_cli.main import build_parser
 
 COMPOSE = ROOT / "docker-compose.yml"
 

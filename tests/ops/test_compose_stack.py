@@ -62,9 +62,9 @@ from tests.audio_analysis import SILENCE_DBFS, dbfs, rms
 from tests.ops.test_nginx import envsubst, nginx_command
 from tests.support.processes import ROOT
 from tests.support.room_client import RoomClient
-from voxroom.protocol import ROOM_RATE, AudioFrame
-from voxroom.redis_server import free_port
-from voxroom.settings import Settings
+from voxroom.runtime.settings import Settings
+from voxroom.store.server import free_port
+from voxroom.wire.protocol import ROOM_RATE, AudioFrame
 
 pytestmark = [pytest.mark.chattts, pytest.mark.slow]
 

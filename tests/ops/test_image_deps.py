@@ -22,7 +22,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from app import speech_formats
+from app.api import speech_formats
 from tests.support.processes import ROOT
 
 PROJECT = "voxroom"
@@ -42,10 +42,10 @@ class Feature:
 
 FEATURES = [
     # Workers encode each room's Opus frames once (CPU and GPU workers); gateways send them to ?codec=opus.
-    Feature("Opus frames", "voxroom/opus.py", "av", "av", frozenset({"base", "gpu"})),
-    Feature("mp3/opus/aac/flac and speed on /v1/audio/speech", "app/speech_formats.py", "av", "av",
+    Feature("Opus frames", "workers/output/opus.py", "av", "av", frozenset({"base", "gpu"})),
+    Feature("mp3/opus/aac/flac and speed on /v1/audio/speech", "app/api/speech_formats.py", "av", "av",
             frozenset({"base", "gpu"})),
-    Feature("Piper voices", "workers/engines/piper.py", "piper", "piper-tts", frozenset({"base", "gpu"})),
+    Feature("Piper voices", "workers/engines/piper/engine.py", "piper", "piper-tts", frozenset({"base", "gpu"})),
     Feature("espeak-ng voices", "workers/engines/espeak.py", "espeakng_loader", "espeakng-loader",
             frozenset({"base", "gpu"})),
     Feature("ChatTTS", "workers/engines/chattts/loader.py", "ChatTTS", "chattts", frozenset({"gpu"})),
@@ -174,7 +174,7 @@ def test_the_extra_that_brings_pyav_is_the_one_the_errors_name() -> None:
     """Errors without PyAV tell the operator `pip install 'voxroom[opus]'`."""
     _, extras = pyproject()
     assert "av" in resolve(extras["opus"], extras)
-    assert "voxroom[opus]" in (ROOT / "app" / "speech_formats.py").read_text()
+    assert "voxroom[opus]" in (ROOT / "app" / "api" / "speech_formats.py").read_text()
 
 
 def test_with_pyav_every_speech_format_and_speed_work() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tests.ops.conftest import OpsStack
 from tests.support.processes import ROOT, start_gateway
-from voxroom.tokens import mint
+from voxroom.wire.tokens import mint
 
 LOCUSTFILE = ROOT / "locustfiles" / "voxroom_swarm.py"
 

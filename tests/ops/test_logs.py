@@ -7,8 +7,8 @@ import logging
 from pathlib import Path
 
 from tests.support.processes import start_gateway
-from voxroom.logjson import JsonFormatter
-from voxroom.redis_server import RedisServer
+from voxroom.runtime.logjson import JsonFormatter
+from voxroom.store.server import RedisServer
 
 
 def test_formatter_keeps_level_logger_message_and_extra() -> None:

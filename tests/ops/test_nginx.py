@@ -29,7 +29,7 @@ from tests.ops.conftest import OpsStack
 from tests.ops.test_metrics import scrape, value
 from tests.support.processes import ROOT, start_gateway
 from tests.support.room_client import RoomClient
-from voxroom.redis_server import free_port
+from voxroom.store.server import free_port
 
 NGINX_DIR = ROOT / "nginx"
 TEMPLATES = NGINX_DIR / "templates"

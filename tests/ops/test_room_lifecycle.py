@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
-from app.ingress import STALE_ROOMS_PER_SAY, Ingress
+from app.ingress.say_script import STALE_ROOMS_PER_SAY, Ingress
 from tests.support.processes import start_gateway, start_worker
 from tests.support.room_client import RoomClient
-from voxroom import keys
-from voxroom.backoff import REDIS_DOWN
-from voxroom.redis_server import RedisServer
+from voxroom.store import keys
+from voxroom.store.backoff import REDIS_DOWN
+from voxroom.store.server import RedisServer
 
 TTL_S = 8
 DEADLINE_S = 60.0

@@ -15,11 +15,12 @@ import pytest
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 
-from app.ingress import Ingress
+from app.ingress.say_script import Ingress
 from tests.support.processes import ROOT, base_env
-from voxroom import keys, rooms
-from voxroom.protocol import AudioFrame
-from voxroom.redis_server import RedisServer
+from voxroom.store import keys
+from voxroom.store.server import RedisServer
+from voxroom.wire.protocol import AudioFrame
+from voxroom_cli import rooms
 
 
 @pytest.fixture
@@ -47,7 +48,7 @@ async def _fill(url: str) -> None:
                            payload=b"\0" * 1920, first=True).encode()
         await r.xadd(keys.room_output("alpha"), {"kind": "start", "seq": 1, "sender": "carol", "text": "hello there"})
         await r.xadd(keys.room_output("alpha"), {"kind": "chunk", "seq": 1, "chunk": 0, "frame": frame})
-        # A paced pair (workers/publisher.py): two slices in one entry, frame and frame1.
+        # A paced pair (workers/output/publisher.py): two slices in one entry, frame and frame1.
         await r.xadd(keys.room_output("alpha"), {"kind": "chunk", "seq": 1, "chunk": 1, "slices": 2,
                                                  "frame": _slice(1), "frame1": _slice(2)})
         await r.expire(keys.room_output("alpha"), 3600)  # as the worker refreshes it when it publishes
@@ -62,7 +63,7 @@ async def _fill(url: str) -> None:
 
 
 def voxroom(url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "voxroom", *args], cwd=ROOT, env=base_env(url), text=True,
+    return subprocess.run([sys.executable, "-m", "voxroom_cli", *args], cwd=ROOT, env=base_env(url), text=True,
                           capture_output=True, timeout=30)
 
 

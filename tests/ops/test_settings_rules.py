@@ -14,9 +14,9 @@ from dataclasses import fields
 import pytest
 
 from tests.support.processes import ROOT, base_env
-from voxroom import settings_rules
 from voxroom.errors import ConfigError
-from voxroom.settings import Settings
+from voxroom.runtime import settings_rules
+from voxroom.runtime.settings import Settings
 
 FREE = {"redis_url", "voices_path", "default_voice", "host", "jwt_secret", "allowed_origins", "chattts_dir",
         "chattts_seed", "worker_metrics_host", "lexicon", "insecure_dev", "context_fair", "chattts_int8",
@@ -76,7 +76,7 @@ def test_every_bad_value_is_named_at_once_and_good_edges_pass() -> None:
 ])
 def test_the_command_stops_at_start_with_one_line(command: list[str], env: dict[str, str], says: str) -> None:
     # Nothing listens on port 1: a command that got past its settings would fail differently.
-    done = subprocess.run([sys.executable, "-m", "voxroom", *command], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "voxroom_cli", *command], cwd=ROOT,
                           env=base_env("redis://127.0.0.1:1/0", VOXROOM_INSECURE_DEV="1", **env),
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, (done.returncode, done.stderr[-2000:])

@@ -30,7 +30,7 @@ from tests.ops.tls_edge import (
 )
 from tests.support.processes import ROOT
 from tests.support.room_client import RoomClient
-from voxroom.protocol import ROOM_RATE
+from voxroom.wire.protocol import ROOM_RATE
 from workers.engines.synthetic import SyntheticEngine
 
 SPEECH_CALLS = 6

@@ -7,7 +7,8 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
 from locustfiles.playout import underruns
-from voxroom import metrics, rooms
+from voxroom.runtime import metrics
+from voxroom_cli import rooms
 
 
 def test_steady_slices_never_underrun() -> None:

@@ -18,8 +18,8 @@ from redis.asyncio import Redis
 
 from tests.support.processes import Proc, start_gateway, start_worker
 from tests.support.room_client import RoomClient
-from voxroom import keys
-from voxroom.redis_server import RedisServer, free_port
+from voxroom.store import keys
+from voxroom.store.server import RedisServer, free_port
 from workers.metrics import STAGES
 
 LINES = 3

@@ -34,7 +34,7 @@ import yaml
 
 from tests.ops.test_nginx import SUFFIX, envsubst, nginx_command, render
 from tests.support.processes import ROOT
-from voxroom.redis_server import free_port
+from voxroom.store.server import free_port
 
 TLS_TEMPLATES = ROOT / "nginx" / "tls"
 TLS_COMPOSE = ROOT / "docker-compose.tls.yml"

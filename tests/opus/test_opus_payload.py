@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from tests.audio_analysis import dbfs, frame_rms, rms
-from voxroom.opus import PACKET_SAMPLES, PRE_SKIP_SAMPLES, OpusDecoder, OpusEncoder, pack_packets, unpack_packets
-from voxroom.protocol import CODEC_OPUS, ROOM_RATE, SLICE_SAMPLES, AudioFrame
+from voxroom.wire.protocol import CODEC_OPUS, ROOM_RATE, SLICE_SAMPLES, AudioFrame
+from workers.output.opus import PACKET_SAMPLES, PRE_SKIP_SAMPLES, OpusDecoder, OpusEncoder, pack_packets, unpack_packets
 
 
 def test_packets_round_trip_and_truncation_is_an_error() -> None:

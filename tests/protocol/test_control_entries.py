@@ -1,5 +1,5 @@
-"""``start``, ``marks`` and ``end`` are built once (voxroom/protocol.py), written as output-stream
-entries (voxroom/output_entries.py) and read back into the same client messages: bytes in, messages
+"""``start``, ``marks`` and ``end`` are built once (voxroom/wire/protocol.py), written as output-stream
+entries (voxroom/wire/output_entries.py) and read back into the same client messages: bytes in, messages
 out. The last test runs the real publisher against a real redis-server and reads what a gateway
 sends its clients."""
 
@@ -14,12 +14,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.entries import client_items, control_message
-from app.resume import ResumePoint, stop_here
-from voxroom import keys, redis_client
-from voxroom.clock import RoomClock
-from voxroom.output_entries import EntryFields, chunk_fields, control_from_entry, entry_fields
-from voxroom.protocol import (
+from app.fanout.entries import client_items, control_message
+from app.fanout.resume import ResumePoint, stop_here
+from voxroom.store import clients as redis_client
+from voxroom.store import keys
+from voxroom.store.server import RedisServer
+from voxroom.wire.output_entries import EntryFields, chunk_fields, control_from_entry, entry_fields
+from voxroom.wire.protocol import (
     CODEC_PCM16,
     MAX_END_ERROR_CHARS,
     ROOM_RATE,
@@ -30,10 +31,10 @@ from voxroom.protocol import (
     marks_message,
     start_message,
 )
-from voxroom.redis_server import RedisServer
 from workers.bus import WorkerBus
-from workers.job import Job, SliceBuffer, Utterance
-from workers.publisher import publish_utterance
+from workers.intake.job import Job, SliceBuffer, Utterance
+from workers.output.clock import RoomClock
+from workers.output.publisher import publish_utterance
 
 
 def as_redis_returns(fields: EntryFields) -> dict[bytes, bytes]:

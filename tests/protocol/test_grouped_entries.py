@@ -1,5 +1,5 @@
 """Paced slices after an utterance's first travel several to one output entry
-(voxroom/output_entries.py, workers/publisher.py); clients still get one frame per slice, in order,
+(voxroom/wire/output_entries.py, workers/output/publisher.py); clients still get one frame per slice, in order,
 live and on resume, a resume in the middle of a group included. Bytes in, frames out; then the
 real publisher against a real redis-server; then a real gateway replaying grouped entries."""
 
@@ -15,13 +15,14 @@ import numpy as np
 import pytest
 from redis.asyncio import Redis
 
-from app.entries import client_items, entry_items
-from app.resume import ResumePoint, held_slices, stop_here
+from app.fanout.entries import client_items, entry_items
+from app.fanout.resume import ResumePoint, held_slices, stop_here
 from tests.support.processes import start_gateway
 from tests.support.room_client import RoomClient
-from voxroom import keys, redis_client
-from voxroom.clock import RoomClock
-from voxroom.output_entries import (
+from voxroom.store import clients as redis_client
+from voxroom.store import keys
+from voxroom.store.server import RedisServer
+from voxroom.wire.output_entries import (
     MAX_GROUP,
     EntryFields,
     chunk_fields,
@@ -29,11 +30,19 @@ from voxroom.output_entries import (
     group_fields,
     slice_frames,
 )
-from voxroom.protocol import CODEC_OPUS, CODEC_PCM16, ROOM_RATE, SLICE_SAMPLES, AudioFrame, end_message, start_message
-from voxroom.redis_server import RedisServer
+from voxroom.wire.protocol import (
+    CODEC_OPUS,
+    CODEC_PCM16,
+    ROOM_RATE,
+    SLICE_SAMPLES,
+    AudioFrame,
+    end_message,
+    start_message,
+)
 from workers.bus import WorkerBus
-from workers.job import Job, SliceBuffer, Utterance
-from workers.publisher import PACED_GROUP, publish_utterance
+from workers.intake.job import Job, SliceBuffer, Utterance
+from workers.output.clock import RoomClock
+from workers.output.publisher import PACED_GROUP, publish_utterance
 
 
 def as_redis_returns(fields: EntryFields) -> dict[bytes, bytes]:
@@ -126,7 +135,7 @@ async def test_the_publisher_groups_paced_slices_after_the_first_and_clients_get
         chunks = [(int(f[b"chunk"]), int(f.get(b"slices", b"1"))) for _, f in entries if f[b"kind"] == b"chunk"]
         if paced:  # the first alone (it is what the room waits for), then groups
             assert chunks == [(0, 1), (1, PACED_GROUP), (3, PACED_GROUP), (5, PACED_GROUP)]
-        else:  # unpaced (private API rooms, read by app/speech_room.py): one slice an entry, as before
+        else:  # unpaced (private API rooms, read by app/api/speech_room.py): one slice an entry, as before
             assert chunks == [(c, 1) for c in range(7)]
         items = client_items([[i, [x for kv in f.items() for x in kv]] for i, f in entries], CODEC_PCM16)
         heard = [AudioFrame.decode(i) for i in items if isinstance(i, bytes)]

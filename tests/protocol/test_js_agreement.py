@@ -1,4 +1,4 @@
-"""voxroom/protocol.py and client_js/protocol.js declare the same protocol: every message type (and
+"""voxroom/wire/protocol.py and client_js/protocol.js declare the same protocol: every message type (and
 its fields), every error code, every ``end`` status; and what one side builds, the other parses to
 the same fields. Real Node runs the real client module (no copy of its tables here)."""
 
@@ -13,10 +13,10 @@ from typing import Any
 import msgpack
 import pytest
 
-from app.entries import control_message
-from voxroom import protocol
-from voxroom.output_entries import EntryFields, entry_fields
-from voxroom.protocol import ERROR_CODES, ErrorCode, end_message, marks_message, start_message
+from app.fanout.entries import control_message
+from voxroom.wire import protocol
+from voxroom.wire.output_entries import EntryFields, entry_fields
+from voxroom.wire.protocol import ERROR_CODES, ErrorCode, end_message, marks_message, start_message
 
 ROOT = Path(__file__).resolve().parents[2]
 # Reads a JSON list of server frames on stdin; prints the module's tables, what parseServerMessage

@@ -8,8 +8,8 @@ import struct
 import msgpack
 import pytest
 
-from voxroom import protocol
-from voxroom.protocol import AudioFrame, ErrorCode, Ping, ProtocolError, Resume, Say
+from voxroom.wire import protocol
+from voxroom.wire.protocol import AudioFrame, ErrorCode, Ping, ProtocolError, Resume, Say
 
 
 def parse(data: str | bytes) -> protocol.ClientMessage:

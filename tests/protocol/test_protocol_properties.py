@@ -15,8 +15,8 @@ import msgpack
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from voxroom import protocol
-from voxroom.protocol import AudioFrame, ErrorCode, Ping, ProtocolError, Resume, Say
+from voxroom.wire import protocol
+from voxroom.wire.protocol import AudioFrame, ErrorCode, Ping, ProtocolError, Resume, Say
 
 # No example database: it would leave a .hypothesis/ folder in the shared checkout, and these
 # properties are cheap enough to search afresh every run.

@@ -1,4 +1,4 @@
-"""``say``'s ``lexicon`` (voxroom/line_lexicon.py), bytes in: what is accepted, what is refused
+"""``say``'s ``lexicon`` (voxroom/voices/line_lexicon.py), bytes in: what is accepted, what is refused
 with ``bad_message`` and why, and the job stream's form of it read back by the worker."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any
 import msgpack
 import pytest
 
-from voxroom import line_lexicon
-from voxroom.protocol import ErrorCode, ProtocolError, Say, decode_client_frame, parse_client_message
-from workers.job import Job
+from voxroom.voices import line_lexicon
+from voxroom.wire.protocol import ErrorCode, ProtocolError, Say, decode_client_frame, parse_client_message
+from workers.intake.job import Job
 
 
 def say(lexicon: object, raw: str | None = None) -> Say:

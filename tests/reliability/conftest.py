@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from redis.asyncio import Redis
 
-from voxroom import redis_client
-from voxroom.redis_server import RedisServer
+from voxroom.store import clients as redis_client
+from voxroom.store.server import RedisServer
 
 
 @pytest.fixture

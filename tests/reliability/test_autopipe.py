@@ -1,4 +1,4 @@
-"""voxroom/autopipe.py against a real redis-server: batching, order, errors, a Redis that dies."""
+"""voxroom/store/autopipe.py against a real redis-server: batching, order, errors, a Redis that dies."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 from redis.exceptions import BusyLoadingError, DataError, OutOfMemoryError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from voxroom import redis_client
-from voxroom.autopipe import AutoPipeline, pack
-from voxroom.backoff import REDIS_DOWN
-from voxroom.redis_server import RedisServer
+from voxroom.store import clients as redis_client
+from voxroom.store.autopipe import AutoPipeline, pack
+from voxroom.store.backoff import REDIS_DOWN
+from voxroom.store.server import RedisServer
 
 
 def _key() -> str:

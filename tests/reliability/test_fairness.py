@@ -7,7 +7,7 @@ First come first served, the 20 rooms waited for all 16 syntheses of the flood (
 long after the flooding room's third line had begun to play. Fair, each single-line room's
 first audio (its ``start`` entry) comes before the flooding room's second line starts: they wait
 for the one line of the flood already taken when they came, and for no other (before the turn
-numbers of ``workers/jobqueue.py``, the flood's second line went ahead of the rooms still waiting
+numbers of ``workers/pool/line_queue.py``, the flood's second line went ahead of the rooms still waiting
 once its first line's audio ran low). Judged by the order of the ``start`` entries in Redis (the
 stream ids are Redis's clock), never by milliseconds.
 
@@ -28,7 +28,7 @@ from redis.asyncio import Redis
 
 from tests.support.processes import start_worker
 from tests.workers.outputs import Out, add_jobs, problems, read_out
-from voxroom.redis_server import RedisServer
+from voxroom.store.server import RedisServer
 
 FLOOD = "The werewolves wake up and choose, in silence, who will not see the morning."  # about 6 s
 SINGLE = "Good evening to all of you."  # 1.9 s

@@ -12,7 +12,7 @@ import pytest
 
 from tests.support.processes import Proc, start_gateway, start_worker
 from tests.support.room_client import Received, RoomClient, resume_point
-from voxroom.redis_server import RedisServer
+from voxroom.store.server import RedisServer
 
 LONG_LINE = ("Listen carefully, villagers: the night was long, the wolves were hungry, and in the morning "
              "the baker was gone, so tonight we must choose wisely and vote with care.")

@@ -20,18 +20,19 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.websockets import WebSocket
 
-from app.connection import ClientConnection
-from app.directory import WorkerDirectory
-from app.hub import RoomHub
+from app.fanout.hub import RoomHub
+from app.ingress.directory import WorkerDirectory
 from app.main import create_app
+from app.room.connection import ClientConnection
 from app.state import GatewayState
 from tests.reliability.test_worker_faults import LoadingProxy
 from tests.support.processes import start_gateway, start_worker
 from tests.support.room_client import RoomClient
-from voxroom import keys, redis_client
-from voxroom.backoff import REDIS_DOWN
-from voxroom.redis_server import RedisServer, free_port
-from voxroom.settings import Settings
+from voxroom.runtime.settings import Settings
+from voxroom.store import clients as redis_client
+from voxroom.store import keys
+from voxroom.store.backoff import REDIS_DOWN
+from voxroom.store.server import RedisServer, free_port
 
 
 @pytest.fixture

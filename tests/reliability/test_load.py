@@ -15,13 +15,14 @@ import numpy as np
 import psutil
 from starlette.websockets import WebSocket
 
-from app.connection import ClientConnection
-from app.hub import RoomHub
+from app.fanout.hub import RoomHub
+from app.room.connection import ClientConnection
 from tests.conftest import Stack
 from tests.support.processes import start_gateway, start_worker
 from tests.support.room_client import RoomClient
-from voxroom import keys, redis_client
-from voxroom.redis_server import RedisServer
+from voxroom.store import clients as redis_client
+from voxroom.store import keys
+from voxroom.store.server import RedisServer
 
 LONG_LINE = ("The village gathers at dawn. Somebody among you is not who they claim to be, and before the sun "
              "sets again you will have to decide, together, who that somebody is.")

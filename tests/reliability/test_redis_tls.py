@@ -32,9 +32,9 @@ from tests.support.heard import assert_heard_whole_once_in_order
 from tests.support.processes import Proc, start_gateway, start_worker
 from tests.support.room_client import RoomClient
 from tests.support.tls import TlsFiles, TlsRedis
-from voxroom import redis_client
-from voxroom.autopipe import AutoPipeline, Command, _WholeErrors, redis_error
-from voxroom.backoff import REDIS_DOWN
+from voxroom.store import clients as redis_client
+from voxroom.store.autopipe import AutoPipeline, Command, _WholeErrors, redis_error
+from voxroom.store.backoff import REDIS_DOWN
 
 LINES = 2
 LOADING_KEYS = 20_000

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from app.resume import ResumePoint, parse, stop_here
+from app.fanout.resume import ResumePoint, parse, stop_here
 from tests.conftest import Stack
 from tests.support.processes import start_gateway, start_worker
 from tests.support.room_client import Received, RoomClient, resume_point
-from voxroom.protocol import AudioFrame
-from voxroom.redis_server import RedisServer
+from voxroom.store.server import RedisServer
+from voxroom.wire.protocol import AudioFrame
 
 LINES = [
     ("The night is over. The baker was found in the square, and the village must decide before dusk "
@@ -153,7 +153,7 @@ async def test_twenty_listeners_resume_on_another_gateway_after_theirs_is_killed
     spare, port_b = start_gateway(own_redis.url, tmp_path)
     try:
         async with RoomClient(port_b, "refuge", client="witness") as witness:
-            # No self-chosen ids: those stay claimed by the dead gateway for a while (app/identity.py);
+            # No self-chosen ids: those stay claimed by the dead gateway for a while (app/room/identity.py);
             # listeners need none to resume, what they hold is in the URL.
             listeners = [RoomClient(port_a, "refuge") for _ in range(20)]
             await asyncio.gather(*(c.__aenter__() for c in listeners))

@@ -1,10 +1,10 @@
-"""voxroom/supervisor.py: a loop that dies is restarted, and is reported down until it is."""
+"""voxroom/runtime/supervisor.py: a loop that dies is restarted, and is reported down until it is."""
 
 from __future__ import annotations
 
 import asyncio
 
-from voxroom.supervisor import Supervisor
+from voxroom.runtime.supervisor import Supervisor
 
 
 async def test_a_failing_loop_is_reported_down_then_restarted() -> None:

@@ -22,12 +22,13 @@ import httpx
 import pytest
 import redis
 
-from app.ingress import Ingress, NotReplicated, check_wait
+from app.ingress.say_script import Ingress, NotReplicated, check_wait
 from tests.support.processes import Proc, start_gateway, start_worker
 from tests.support.room_client import RoomClient
-from voxroom import keys, redis_client
-from voxroom.backoff import REDIS_DOWN
-from voxroom.redis_server import RedisServer
+from voxroom.store import clients as redis_client
+from voxroom.store import keys
+from voxroom.store.backoff import REDIS_DOWN
+from voxroom.store.server import RedisServer
 
 VOICE = "en-espeak"
 WAIT_TIMEOUT_MS = 3000

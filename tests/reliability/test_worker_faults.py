@@ -22,8 +22,8 @@ from redis.asyncio import Redis
 
 from tests.support.processes import Proc, start_worker
 from tests.workers.outputs import add_jobs, problems, read_out, wait_ends
-from voxroom import keys
-from voxroom.redis_server import RedisServer
+from voxroom.store import keys
+from voxroom.store.server import RedisServer
 
 LINE = "A line of about forty characters, spoken."  # about 3 s of audio
 LONG_LINE = LINE + " " + LINE + " " + LINE  # about 9 s

@@ -16,12 +16,12 @@ from collections.abc import Iterator
 import pytest
 import websockets
 
-from app.address_slots import AddressSlots
+from app.room.address_slots import AddressSlots
 from tests.conftest import Stack
 from tests.security.clients import close_of, connect_from, next_json
 from tests.security.gauges import wait_connections
 from tests.support.processes import Proc, start_gateway
-from voxroom.protocol import CloseCode
+from voxroom.wire.protocol import CloseCode
 
 CAP = 3
 

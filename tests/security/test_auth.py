@@ -21,9 +21,9 @@ import pytest
 from tests.conftest import Stack
 from tests.security.clients import QueryClient, connect, next_json, refusal, ws_url
 from tests.support.processes import ROOT, Proc, base_env, start_gateway
-from voxroom import tokens
-from voxroom.protocol import CloseCode, ErrorCode
-from voxroom.redis_server import free_port
+from voxroom.store.server import free_port
+from voxroom.wire import tokens
+from voxroom.wire.protocol import CloseCode, ErrorCode
 
 SECRET = "test-secret-for-room-tokens-0123456789"  # 38 bytes: over the 32-byte floor
 GOOD_ORIGIN = "http://good.example"
@@ -180,7 +180,7 @@ def _cli(*args: str, secret: str | None = None) -> subprocess.CompletedProcess[s
     env.pop("REDIS_URL")
     if secret is not None:
         env["VOXROOM_JWT_SECRET"] = secret
-    return subprocess.run([sys.executable, "-m", "voxroom", *args], cwd=ROOT, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "voxroom_cli", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=60)
 
 
@@ -227,7 +227,7 @@ def test_voxroom_token_refuses_a_token_no_gateway_would_take(args: tuple[str, ..
 def test_a_gateway_without_a_usable_secret_refuses_to_start(stack: Stack, tmp_path: Path, secret: str | None,
                                                             message: str) -> None:
     env = base_env(stack.redis_url) | ({"VOXROOM_JWT_SECRET": secret} if secret is not None else {})
-    proc = Proc([sys.executable, "-m", "voxroom", "gateway", "--port", str(free_port())], env,
+    proc = Proc([sys.executable, "-m", "voxroom_cli", "gateway", "--port", str(free_port())], env,
                 tmp_path / "gateway.log")
     try:
         code = proc.popen.wait(30)

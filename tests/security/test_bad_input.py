@@ -26,9 +26,9 @@ from tests.conftest import Stack
 from tests.security.clients import QueryClient, close_of, connect, key_snapshot, next_json, refusal, ws_url
 from tests.security.gauges import wait_connections
 from tests.support.processes import Proc, start_gateway, start_worker
-from voxroom import keys
-from voxroom.protocol import MAX_FRAME_BYTES, MAX_TEXT_CHARS, CloseCode, ErrorCode
-from voxroom.redis_server import RedisServer
+from voxroom.store import keys
+from voxroom.store.server import RedisServer
+from voxroom.wire.protocol import MAX_FRAME_BYTES, MAX_TEXT_CHARS, CloseCode, ErrorCode
 
 
 async def test_malformed_json_gets_bad_json_and_the_connection_stays(stack: Stack, room: str) -> None:

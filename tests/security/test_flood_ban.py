@@ -13,11 +13,11 @@ from collections.abc import Iterator
 import pytest
 import websockets
 
-from app.floodban import FloodBans
+from app.room.floodban import FloodBans
 from tests.conftest import Stack
 from tests.security.clients import QueryClient, close_of, connect, connect_from, next_json, ws_url
 from tests.support.processes import Proc, start_gateway
-from voxroom.protocol import CloseCode
+from voxroom.wire.protocol import CloseCode
 
 # --- the table ------------------------------------------------------------------------------------
 

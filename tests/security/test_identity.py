@@ -17,8 +17,9 @@ import redis
 from tests.conftest import Stack
 from tests.security.clients import QueryClient, close_of, connect, next_json, refusal, ws_url
 from tests.support.processes import start_gateway
-from voxroom import keys, tokens
-from voxroom.protocol import MAX_SAY_SEQ, CloseCode, ErrorCode
+from voxroom.store import keys
+from voxroom.wire import tokens
+from voxroom.wire.protocol import MAX_SAY_SEQ, CloseCode, ErrorCode
 
 SECRET = "identity-test-secret-0123456789abcdef"
 
@@ -123,7 +124,7 @@ async def test_claims_are_refreshed_recovered_after_a_flush_and_released_only_by
         redis_url: str, room: str) -> None:
     from redis.asyncio import Redis
 
-    from app.identity import ClientClaims
+    from app.room.identity import ClientClaims
 
     client = Redis.from_url(redis_url, decode_responses=True)
     try:

@@ -9,8 +9,8 @@ import redis.asyncio as aioredis
 
 from tests.conftest import Stack
 from tests.support.room_client import RoomClient
-from voxroom import keys
-from voxroom.protocol import ErrorCode
+from voxroom.store import keys
+from voxroom.wire.protocol import ErrorCode
 
 
 async def test_a_frame_that_fails_unexpectedly_is_answered_internal_and_the_socket_lives(stack: Stack) -> None:

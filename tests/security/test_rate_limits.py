@@ -16,11 +16,11 @@ import websockets
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.ratelimit import TokenBucket
+from app.room.ratelimit import TokenBucket
 from tests.conftest import Stack
 from tests.security.clients import QueryClient, connect, next_json, ws_url
 from tests.support.processes import start_gateway
-from voxroom.protocol import CloseCode, ErrorCode
+from voxroom.wire.protocol import CloseCode, ErrorCode
 
 # --- the bucket, with the clock passed in ---------------------------------------------------------
 

@@ -17,8 +17,8 @@ import websockets
 from tests.security.gauges import connections, peak_rss_mib, rss_mib, wait_connections
 from tests.support.processes import start_gateway, start_worker
 from tests.support.room_client import RoomClient
-from voxroom import keys
-from voxroom.protocol import ROOM_RATE, SLICE_SAMPLES, AudioFrame
+from voxroom.store import keys
+from voxroom.wire.protocol import ROOM_RATE, SLICE_SAMPLES, AudioFrame
 
 LONG_LINE = ("The village gathers at dawn. Somebody among you is not who they claim to be, and before the sun "
              "sets again you will have to decide, together, who that somebody is.")

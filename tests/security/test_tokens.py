@@ -6,7 +6,8 @@ import logging
 
 import pytest
 
-from voxroom import logredact, tokens
+from voxroom.runtime import logredact
+from voxroom.wire import tokens
 
 SECRET = "s" * 32
 

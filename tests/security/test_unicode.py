@@ -24,8 +24,8 @@ from tests.conftest import Stack
 from tests.security.clients import QueryClient, close_of, connect, next_json, ws_url
 from tests.security.gauges import wait_connections
 from tests.support.processes import Proc, start_gateway
-from voxroom import client_faults_log
-from voxroom.protocol import CloseCode, ErrorCode
+from voxroom.runtime import client_faults_log
+from voxroom.wire.protocol import CloseCode, ErrorCode
 
 MAX_CONNECTIONS = 25
 PACK_SURROGATES = msgpack.Packer(unicode_errors="surrogatepass")

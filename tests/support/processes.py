@@ -16,7 +16,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from voxroom.redis_server import free_port
+from voxroom.store.server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -89,7 +89,7 @@ def start_gateway(redis_url: str, log_dir: Path, *, port: int | None = None, ins
     """A gateway process on ``port`` (a free one by default). ``insecure=False`` turns auth on:
     pass ``VOXROOM_JWT_SECRET`` in ``env``."""
     port = port or free_port()
-    args = [sys.executable, "-m", "voxroom", "gateway", "--port", str(port)]
+    args = [sys.executable, "-m", "voxroom_cli", "gateway", "--port", str(port)]
     if insecure:
         args.append("--insecure-dev")
     proc = Proc(args, base_env(redis_url, **env), log_dir / f"gateway-{port}.log")
@@ -102,7 +102,7 @@ def start_worker(redis_url: str, log_dir: Path, *, engine: str = "offline", cont
     """A worker process, ready. Its ``/metrics`` listens on a free port unless ``env`` names one
     (``VOXROOM_WORKER_METRICS_PORT``; 0 turns it off): the heartbeat's ``metrics_port`` says which."""
     env.setdefault("VOXROOM_WORKER_METRICS_PORT", str(free_port()))
-    proc = Proc([sys.executable, "-m", "voxroom", "worker", "--engine", engine, "--contexts", str(contexts)],
+    proc = Proc([sys.executable, "-m", "voxroom_cli", "worker", "--engine", engine, "--contexts", str(contexts)],
                 base_env(redis_url, **env), log_dir / f"{name}-{time.monotonic_ns()}.log")
     deadline = time.monotonic() + 60
     while "ready:" not in proc.log_text():

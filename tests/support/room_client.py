@@ -13,7 +13,7 @@ import numpy as np
 import numpy.typing as npt
 import websockets
 
-from voxroom.protocol import AudioFrame
+from voxroom.wire.protocol import AudioFrame
 
 
 @dataclass

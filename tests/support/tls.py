@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from voxroom.redis_server import find_redis_server, free_port
+from voxroom.store.server import find_redis_server, free_port
 
 
 @dataclass(frozen=True)

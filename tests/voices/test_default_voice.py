@@ -9,7 +9,7 @@ import pytest
 from tests.support.processes import start_gateway
 from tests.support.room_client import RoomClient
 from voxroom.errors import ConfigError
-from voxroom.voices import Catalog
+from voxroom.voices.catalog import Catalog
 
 
 def test_the_setting_replaces_the_catalogs_default_and_an_unknown_voice_is_refused() -> None:

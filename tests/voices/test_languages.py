@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from voxroom.languages import Language, UnknownLanguage, language_code, normalize_language
+from voxroom.voices.languages import Language, UnknownLanguage, language_code, normalize_language
 
 
 @pytest.mark.parametrize("written", ["cantonese", "Cantonese", "yue", "zh-yue", "zh-HK", "zh_HK", "zh-Hant-HK",

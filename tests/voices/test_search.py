@@ -5,10 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from voxroom.errors import ConfigError, UnknownVoice
-from voxroom.languages import UnknownLanguage
-from voxroom.protocol import ErrorCode, ProtocolError, Say, parse_client_message
-from voxroom.voice_search import (
+from app.api.voice_search import (
     DIM,
     VOCAB_DIMS,
     VOCABULARY,
@@ -19,7 +16,10 @@ from voxroom.voice_search import (
     resolve_scene,
     top_k,
 )
-from voxroom.voices import Catalog, Voice
+from voxroom.errors import ConfigError, UnknownVoice
+from voxroom.voices.catalog import Catalog, Voice
+from voxroom.voices.languages import UnknownLanguage
+from voxroom.wire.protocol import ErrorCode, ProtocolError, Say, parse_client_message
 
 
 def _voice(vid: str, language: str, **tags: str) -> Voice:

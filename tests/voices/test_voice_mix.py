@@ -1,13 +1,13 @@
-"""Voice mixes (voxroom/voice_mix.py): a mix of catalog voices exists for engines that blend
+"""Voice mixes (voxroom/voices/mix.py): a mix of catalog voices exists for engines that blend
 speaker embeddings (ChatTTS), under one canonical id, and is refused with its reason otherwise."""
 
 from __future__ import annotations
 
 import pytest
 
-from voxroom import voice_mix
 from voxroom.errors import UnknownVoice
-from voxroom.voices import Catalog
+from voxroom.voices import mix as voice_mix
+from voxroom.voices.catalog import Catalog
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import httpx
 from tests.audio_analysis import is_speech_like
 from tests.conftest import Stack
 from tests.support.room_client import RoomClient
-from voxroom.protocol import ROOM_RATE
+from voxroom.wire.protocol import ROOM_RATE
 
 
 async def test_voices_are_listed_and_filtered_by_any_spelling_of_a_language(stack: Stack) -> None:

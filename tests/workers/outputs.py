@@ -11,7 +11,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from voxroom import keys
+from voxroom.store import keys
 
 
 async def add_jobs(r: Redis, lines: list[tuple[str, str]], voice: str = "en-joe") -> None:
@@ -50,7 +50,7 @@ async def read_out(raw: Redis, room: str) -> list[Out]:
     for entry_id, fields in entries:
         f = {k.decode(): v for k, v in fields.items()}
         kind = f["kind"].decode()
-        # A chunk entry may hold several slices (voxroom/output_entries.py): one Out per slice.
+        # A chunk entry may hold several slices (voxroom/wire/output_entries.py): one Out per slice.
         for i in range(int(f.get("slices", 1)) if kind == "chunk" else 1):
             out.append(Out(entry_id.decode(), kind, int(f["seq"]), chunk=int(f.get("chunk", -1)) + i,
                            restart=b"restart" in fields, chunks=int(f.get("chunks", -1)),

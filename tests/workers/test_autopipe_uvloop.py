@@ -1,4 +1,4 @@
-"""voxroom/autopipe.py on uvloop, the loop the worker and the gateway run (tests/reliability's
+"""voxroom/store/autopipe.py on uvloop, the loop the worker and the gateway run (tests/reliability's
 autopipe tests run on asyncio's own loop). Replies are read by a protocol callback; a libuv loop
 runs due timers before it polls sockets, which the reply timeout's grace must allow for."""
 
@@ -14,9 +14,9 @@ from redis import Redis as SyncRedis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-from voxroom import redis_client
-from voxroom.autopipe import AutoPipeline
-from voxroom.redis_server import RedisServer
+from voxroom.store import clients as redis_client
+from voxroom.store.autopipe import AutoPipeline
+from voxroom.store.server import RedisServer
 
 
 def on_uvloop(test: Callable[[], Awaitable[None]]) -> None:
@@ -85,7 +85,7 @@ def test_a_blocked_uvloop_is_not_a_dead_redis(server: RedisServer) -> None:
 
 
 def test_a_long_loop_turn_sends_what_it_held_past_max_hold(server: RedisServer) -> None:
-    """The gateway's says (app/ingress.py): a loop turn that handles a burst of lines sends the
+    """The gateway's says (app/ingress/say_script.py): a loop turn that handles a burst of lines sends the
     first ones while it works on the rest, in order, instead of every line waiting for the
     turn's end. Without ``max_hold_s`` nothing leaves before the turn ends."""
     async def run() -> None:

@@ -10,9 +10,9 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import DataError, ResponseError
 
-from voxroom import keys
+from voxroom.store import keys
 from workers.bus import PUBLISH_BATCH_JOBS, OwnershipLost, WorkerBus
-from workers.job import Job
+from workers.intake.job import Job
 
 
 async def _jobs(r: Redis, bus: WorkerBus, rooms: list[str]) -> list[Job]:

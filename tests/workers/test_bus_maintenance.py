@@ -8,9 +8,9 @@ import asyncio
 
 from redis.asyncio import Redis
 
-from voxroom import keys
+from voxroom.store import keys
 from workers.bus import MAINTAIN_EVERY_S, WorkerBus
-from workers.job import Job
+from workers.intake.job import Job
 
 TTL_S = 600
 

@@ -17,14 +17,14 @@ import numpy as np
 import pytest
 from redis.asyncio import Redis
 
-from voxroom.protocol import ROOM_RATE, SLICE_SAMPLES
-from voxroom.voices import Catalog
-from workers.cache import AudioCache, CachedLine
-from workers.context import Context
+from voxroom.voices.catalog import Catalog
+from voxroom.wire.protocol import ROOM_RATE, SLICE_SAMPLES
+from workers.audio_cache.cache import AudioCache, CachedLine
 from workers.engines.base import Admit, Pcm, SynthesisRequest
 from workers.engines.synthetic import SyntheticEngine
-from workers.job import Job, SliceBuffer, Utterance
+from workers.intake.job import Job, SliceBuffer, Utterance
 from workers.launch import worker_catalog
+from workers.pool.context import Context
 
 TTFC_MS = 60.0
 

@@ -19,15 +19,15 @@ from redis.asyncio import Redis
 
 from tests.workers.fifo_engine import FifoEngine
 from tests.workers.outputs import add_jobs
-from voxroom import keys
-from voxroom.voices import Catalog
-from workers import rows
-from workers.context import Context
+from voxroom.store import keys
+from voxroom.voices.catalog import Catalog
 from workers.engines.base import Engine
-from workers.job import Job, SliceBuffer, Utterance
+from workers.intake.job import Job, SliceBuffer, Utterance
+from workers.intake.worker import Worker
 from workers.launch import worker_catalog
-from workers.pool import ContextPool
-from workers.worker import Worker
+from workers.pool import continuous_rows as rows
+from workers.pool.context import Context
+from workers.pool.pool import ContextPool
 
 MAX_BATCH = 2
 CAP = MAX_BATCH + rows.SPARE_ROWS

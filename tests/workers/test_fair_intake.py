@@ -18,13 +18,13 @@ from collections.abc import Iterator
 from redis.asyncio import Redis
 
 from tests.workers.outputs import add_jobs
-from voxroom import keys
-from voxroom.voices import Catalog
+from voxroom.store import keys
+from voxroom.voices.catalog import Catalog
 from workers.engines.base import Engine, Pcm, SynthesisRequest
 from workers.engines.synthetic import SyntheticEngine
+from workers.intake.worker import Worker
 from workers.launch import worker_catalog
-from workers.pool import ContextPool
-from workers.worker import Worker
+from workers.pool.pool import ContextPool
 
 FLOOD = "A line of about forty characters, spoken."  # about 3 s of audio
 SINGLE = "Hello there."  # under a second

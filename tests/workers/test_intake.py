@@ -15,14 +15,14 @@ from typing import Any
 from redis.asyncio import Redis
 
 from tests.workers.outputs import add_jobs, problems, read_out, wait_ends
-from voxroom import keys
-from voxroom.voices import Catalog
+from voxroom.store import keys
+from voxroom.voices.catalog import Catalog
 from workers.engines.base import Engine
 from workers.engines.synthetic import SyntheticEngine
-from workers.job import Job, SliceBuffer, Utterance
+from workers.intake.job import Job, SliceBuffer, Utterance
+from workers.intake.worker import Worker
 from workers.launch import worker_catalog
-from workers.pool import ContextPool
-from workers.worker import Worker
+from workers.pool.pool import ContextPool
 
 LINE = "A line of about forty characters, spoken."  # about 3 s of audio
 

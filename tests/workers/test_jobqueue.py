@@ -1,5 +1,5 @@
 """A context's job queue on its own: rooms in turn, a room's lines in seq order, the room that
-runs out of audio soonest first, and every bound (``workers/jobqueue.py``)."""
+runs out of audio soonest first, and every bound (``workers/pool/line_queue.py``)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from workers import jobqueue
-from workers.job import Job, SliceBuffer, Utterance
-from workers.jobqueue import URGENT_MS, JobQueue
+from workers.intake.job import Job, SliceBuffer, Utterance
+from workers.pool import line_queue as jobqueue
+from workers.pool.line_queue import URGENT_MS, JobQueue
 
 
 def utt(room: str, seq: int) -> Utterance:

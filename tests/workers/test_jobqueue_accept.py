@@ -1,4 +1,4 @@
-"""The job queue's ``accept`` test (``workers/jobqueue.py``): lines whose engine has no free place
+"""The job queue's ``accept`` test (``workers/pool/line_queue.py``): lines whose engine has no free place
 are passed over, their rooms keep their turn, adopted lines still come first among the lines that
 may go, and a waiting ``get`` takes a passed-over line once :meth:`JobQueue.wake` says a place
 opened."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import asyncio
 
-from workers.job import Job, SliceBuffer, Utterance
-from workers.jobqueue import JobQueue
+from workers.intake.job import Job, SliceBuffer, Utterance
+from workers.pool.line_queue import JobQueue
 
 
 def utt(room: str, seq: int, voice: str = "gpu") -> Utterance:

@@ -1,5 +1,5 @@
 """Paced sleepers due within one tick share one timer and wake in the same loop turn
-(voxroom/clock.py): a worker's paced publishes of that tick then leave as one script and wake a
+(workers/output/clock.py): a worker's paced publishes of that tick then leave as one script and wake a
 gateway's reader once (docs/benchmarks.md). No timing asserted beyond "not before it is due"."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import math
 import pytest
 import uvloop
 
-from voxroom.clock import RoomClock
+from workers.output.clock import RoomClock
 
 TICK_MS = 10.0
 

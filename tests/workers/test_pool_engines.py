@@ -10,12 +10,12 @@ import itertools
 
 import numpy as np
 
-from voxroom.voices import Catalog, Voice
-from workers.context import Context
+from voxroom.voices.catalog import Catalog, Voice
 from workers.engines.base import Engine
 from workers.engines.synthetic import SyntheticEngine
-from workers.job import Job, SliceBuffer, Utterance
-from workers.pool import ContextPool
+from workers.intake.job import Job, SliceBuffer, Utterance
+from workers.pool.context import Context
+from workers.pool.pool import ContextPool
 
 OTHER_VOICE = "en-espeak"
 """Spoken by the engine named ``other`` here; every other voice by ``synthetic``."""

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from voxroom.protocol import ROOM_RATE, SLICE_SAMPLES
-from workers.slicer import Slicer
+from voxroom.wire.protocol import ROOM_RATE, SLICE_SAMPLES
+from workers.output.slicer import Slicer
 
 
 def tone(rate: int, seconds: float, hz: float = 220.0) -> np.ndarray:

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 from redis.asyncio import Redis
 
-from voxroom import keys
-from voxroom.clock import RoomClock
-from voxroom.protocol import SLICE_MS, SLICE_SAMPLES
+from voxroom.store import keys
+from voxroom.wire.protocol import SLICE_MS, SLICE_SAMPLES
 from workers.bus import OwnershipLost, Turn, TurnLost, WorkerBus
-from workers.job import Job, SliceBuffer, Utterance
-from workers.publisher import publish_utterance
+from workers.intake.job import Job, SliceBuffer, Utterance
+from workers.output.clock import RoomClock
+from workers.output.publisher import publish_utterance
 
 BOUND_S = 30.0
 """No publish here may take longer (a hung wait fails the test instead of holding it)."""

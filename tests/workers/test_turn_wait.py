@@ -1,4 +1,4 @@
-"""A line waits for its predecessor in the room (workers/publisher.py ``wait_for_turn``) and skips
+"""A line waits for its predecessor in the room (workers/output/publisher.py ``wait_for_turn``) and skips
 past it only after ``order_wait_ms`` in which the room made no progress: a predecessor still
 playing, however long, is heard whole before it; one that never starts, or stops mid-line, is
 skipped. The real publisher of two workers (two consumers of the jobs group) against a real
@@ -13,13 +13,13 @@ from typing import Any
 import numpy as np
 from redis.asyncio import Redis
 
-from app.entries import client_items
-from voxroom import keys
-from voxroom.clock import RoomClock
-from voxroom.protocol import CODEC_PCM16, SLICE_MS, SLICE_SAMPLES, AudioFrame
+from app.fanout.entries import client_items
+from voxroom.store import keys
+from voxroom.wire.protocol import CODEC_PCM16, SLICE_MS, SLICE_SAMPLES, AudioFrame
 from workers.bus import WorkerBus
-from workers.job import Job, SliceBuffer, Utterance
-from workers.publisher import PublishResult, publish_utterance
+from workers.intake.job import Job, SliceBuffer, Utterance
+from workers.output.clock import RoomClock
+from workers.output.publisher import PublishResult, publish_utterance
 
 from .outputs import problems, read_out
 

@@ -9,11 +9,12 @@ from typing import cast
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 
-from app.ingress import Ingress
-from voxroom import keys, rooms
-from voxroom.redis_server import RedisServer
-from voxroom.voices import Catalog, Voice
-from workers.job import NO_SWITCH, Job, switch_of
+from app.ingress.say_script import Ingress
+from voxroom.store import keys
+from voxroom.store.server import RedisServer
+from voxroom.voices.catalog import Catalog, Voice
+from voxroom_cli import rooms
+from workers.intake.job import NO_SWITCH, Job, switch_of
 
 CATALOG = Catalog([Voice(v, "chattts", "eng", params={"seed": i}) for i, v in enumerate("abc")], "a")
 

@@ -15,7 +15,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from voxroom.voices import Voice
+from voxroom.voices.catalog import Voice
 from workers.engines.marks import WordMark
 
 Pcm = npt.NDArray[np.float32]
@@ -36,7 +36,7 @@ class SynthesisRequest:
     whole switch within this one utterance. Meaningless without ``previous_voice``."""
     lexicon: tuple[tuple[str, str], ...] = ()
     """The line's own ``(word, respelling)`` entries (``say``'s ``lexicon``), sorted by word: the
-    engine wrapper (workers/engines/markup.py) applies them over the deployment's lexicon and
+    engine wrapper (workers/engines/wrappers.py) applies them over the deployment's lexicon and
     hands the inner engine the respelled text with this emptied. A tuple, so a request stays
     hashable."""
 
@@ -65,7 +65,7 @@ RowItem = Pcm | list[WordMark]
 (workers/engines/marks.py) whose times count from the row's first sample and whose offsets index
 its ``request.text``. Marks may come before or after the audio they fall in: an engine gives them
 as soon as it knows them (ChatTTS: right after each text piece's last chunk). The worker hands
-lists to the row's marks (``workers/rowaudio.py`` ``Row.mark``), the rest to its audio."""
+lists to the row's marks (``workers/pool/row_audio.py`` ``Row.mark``), the rest to its audio."""
 
 
 @runtime_checkable
@@ -97,7 +97,7 @@ class ContinuousEngine(Engine, Protocol):
         """Yield ``(key, chunk)`` as rows produce audio, ``(key, marks)`` (:data:`RowItem`) where
         the engine times words, and ``(key, None)`` once when a row is done (finished or
         cancelled), after everything else of that row; return when ``admit`` returns ``None``. The context hands
-        the engine at most ``max_batch`` + ``SPARE_ROWS`` unfinished rows (``workers/rows.py``);
+        the engine at most ``max_batch`` + ``SPARE_ROWS`` unfinished rows (``workers/pool/continuous_rows.py``);
         the engine runs up to ``max_batch`` of them and keeps the rest waiting for a row."""
         ...
 

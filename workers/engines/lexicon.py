@@ -22,11 +22,11 @@ than :data:`MAX_ENTRIES` entries. :attr:`Lexicon.version` is a hash of the entri
 wrapper puts it into ``model_version``, which is part of the audio cache key, so a changed lexicon
 never serves audio cached under the old one.
 
-A line may carry its own few entries (``say``'s ``lexicon``, bounded by voxroom/line_lexicon.py):
+A line may carry its own few entries (``say``'s ``lexicon``, bounded by voxroom/voices/line_lexicon.py):
 :func:`for_line` makes them a small :class:`Lexicon`, and :meth:`Lexicon.apply_spans` applies it
 over the deployment's in one left-to-right pass, by the same rules: the leftmost match, at one
 place the longest, and where both lexicons match the same words the line's own entry wins. The
-line's entries are part of that line's cache key (workers/cache.py), not of ``version``.
+line's entries are part of that line's cache key (workers/audio_cache/cache.py), not of ``version``.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from voxroom import line_lexicon
 from voxroom.errors import ConfigError
+from voxroom.voices import line_lexicon
 from workers.engines.marks import Rewrite
 
 MAX_ENTRIES: Final = 10_000

@@ -26,14 +26,14 @@ _OFFLINE_REQUIREMENTS = {
 def create_engine(name: str, *, lexicon: Lexicon | None = None, **options: Any) -> Engine:
     """A new, not yet loaded engine; ``options`` go to its constructor.
 
-    Every engine comes wrapped (workers/engines/markup.py): pauses in the text become exact
+    Every engine comes wrapped (workers/engines/wrappers.py): pauses in the text become exact
     silence, never words, and ``lexicon`` (when given) respells words before synthesis; the
     wrapper shows the engine's own attributes as its own.
 
     Raises :class:`EngineError` for an unknown name, when the engine's packages are missing, or
     for an option its constructor does not take.
     """
-    from workers.engines.markup import wrap
+    from workers.engines.wrappers import wrap
 
     return wrap(_create(name, **options), lexicon)
 
@@ -55,7 +55,7 @@ def _engine_class(name: str) -> Callable[..., Engine]:
     """The engine's class, its module imported only now."""
     factory: Callable[..., Engine]
     if name == "piper":
-        from workers.engines.piper import PiperEngine
+        from workers.engines.piper.engine import PiperEngine
         factory = PiperEngine
     elif name == "espeak":
         from workers.engines.espeak import EspeakEngine

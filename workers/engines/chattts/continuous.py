@@ -113,7 +113,7 @@ class ContinuousBatcher:
         self.params = params
         self.max_rows = max_rows
         """GPT rows at once; further requests wait (FIFO) for a row to leave. The context hands
-        over at most one more line than that (``workers/rows.py``, ``SPARE_ROWS``): which line
+        over at most one more line than that (``workers/pool/continuous_rows.py``, ``SPARE_ROWS``): which line
         takes a freed row is its job queue's choice, not this FIFO's."""
         self.normalize = normalize
         self.new_decoder = new_decoder

@@ -18,14 +18,14 @@ import numpy as np
 import torch
 
 from voxroom.errors import EngineError
-from voxroom.voices import Voice
+from voxroom.voices.catalog import Voice
+from voxroom.voices.text_split import MAX_PIECE_CHARS, split_for_transition, split_text
 from workers.engines.base import Admit, Pcm, SynthesisRequest
 from workers.engines.chattts.continuous import YIELD_AHEAD_S, ContinuousBatcher, Job
 from workers.engines.chattts.generation import Generator, RowProgress, SamplingParams
 from workers.engines.chattts.loader import load_chat
 from workers.engines.chattts.speakers import SPEAKER_CACHE, SpeakerBank, VoiceLookup, switch_steps, transition
 from workers.engines.chattts.streaming import Fader, IncrementalDecoder, StreamConfig
-from workers.engines.chattts.text_split import MAX_PIECE_CHARS, split_for_transition, split_text
 from workers.engines.chattts.timing import PieceTimer
 from workers.engines.marks import WordMark
 
@@ -57,7 +57,7 @@ class ChatTTSEngine:
     ``word_marks`` (:meth:`stream_batch` and :meth:`stream_continuous` also yield each row's word
     marks, piece by piece: see :meth:`stream_timed`. Off by default so that a caller that reads
     only audio gets only audio; the pool's wrapper, which maps the marks to the line as sent,
-    turns it on: workers/engines/markup.py); ``yield_ahead_s`` (a continuous row whose line is this
+    turns it on: workers/engines/wrappers.py); ``yield_ahead_s`` (a continuous row whose line is this
     far ahead of its playout gives its row to waiting lines at its next piece boundary:
     ``continuous.YIELD_AHEAD_S``).
     """

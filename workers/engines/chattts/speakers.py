@@ -10,7 +10,7 @@ ChatTTS L2-normalises the embedding before use, so only its direction matters: e
 stored unit-norm, a blend is the normalised weighted sum of unit vectors, and an A->B transition steps
 along the normalised linear path (nlerp) between them.
 
-The cache is bounded: a client can name any mix (``a:2+b``, voxroom/voice_mix.py), so the ids a
+The cache is bounded: a client can name any mix (``a:2+b``, voxroom/voices/mix.py), so the ids a
 context sees are not bounded by the catalog. It is one LRU over every id, catalog voices and mixes
 alike, with no class of entry kept apart: a mix's parts go through the cache too, so the voices in
 use stay near the recent end, and an entry evicted anyway is recomputed, bit for bit, from its
@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from voxroom.errors import EngineError, UnknownVoice
-from voxroom.voices import Voice
+from voxroom.voices.catalog import Voice
 
 log = logging.getLogger("voxroom.engine.chattts")
 

@@ -1,0 +1,1 @@
+"""The HTTP API: speech, voices, metrics, CORS."""

@@ -1,0 +1,1 @@
+"""Lines in: a ``say`` checked, stored and handed to the workers."""

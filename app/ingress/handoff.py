@@ -1,0 +1,299 @@
+"""Accepting a line on Redis Cluster: accept in the room's slot, then hand off to a job shard.
+
+A single instance accepts and enqueues a line in one script (app/ingress/say_script.py). A cluster cannot:
+the room's keys and the job stream lie in different slots. So (docs/cluster.md, "Jobs without
+a cross-slot write"), with the room's ``:utt`` log as the one source of truth:
+
+1. **Accept** (the room's slot, atomic): the single instance's numbering, dedupe, back-pressure
+   and voice switch (the same Lua, ``_SAY_BODY``); the line goes to ``:utt`` with every field its
+   job needs. The room's ``:state`` keeps ``shard`` (the job shard of all its lines), ``epoch``
+   (set when ``:state`` is created: a room reborn after its keys expired is a new room to the
+   shards) and ``handed`` (every line up to it is in its shard).
+2. **Hand off** (the shard's slot, idempotent): ``XADD`` the job unless the shard's high-water
+   mark for the room (``:handed``, ``epoch:seq``) says it has it, and move the mark, in one script.
+3. **Record** ``handed`` in the room's ``:state`` (only forward, only for the same epoch).
+
+Lines are handed in ``seq`` order and only after every earlier line of the room: a caller that
+sees ``handed < seq - 1`` (another gateway's hand-off in flight, or lost) hands the gap first,
+from ``:utt`` (:meth:`HandOff.catch_up`). So the shard's mark only ever moves over a prefix of
+the room's lines, and a line is added to its shard at most once however often it is handed.
+A line lost between 1 and 2 (the gateway died, the shard's node was unreachable) is handed by
+the room's next line or by the sweeper (app/ingress/sweeper.py).
+
+Before the accept, the room is written to its index shard (``vx:rooms:{rK}``), where the sweeper
+looks: an accepted line's room is always in the index (an entry for a line then refused costs
+nothing). A gateway rewrites an entry at most every :data:`INDEX_EVERY_S` per room.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from redis.exceptions import RedisClusterException, RedisError
+
+from app.ingress.say_script import _SAY_BODY, SayOutcome, check_wait, one_connection, wait_replicas
+from voxroom.store import keys
+from voxroom.store.autopipe import AutoPipeline
+from voxroom.store.cluster.calls import Calls
+from voxroom.store.cluster.pipeline import ClusterAutoPipeline
+
+log = logging.getLogger("voxroom.gateway.handoff")
+
+INDEX_EVERY_S = 10.0
+"""How often one gateway rewrites a room's index entry while the room is busy (the sweeper looks
+at rooms active in the last :data:`app.ingress.sweeper.ACTIVE_WINDOW_S`, minutes)."""
+_INDEXED_MAX = 10_000
+
+# KEYS: 1 senders, 2 seq, 3 utt, 4 out, 5 state (one slot: the room's).
+# ARGV: as app/ingress/say_script.py's ``_SAY`` (the body reads 1, 2, 4, 9, 10, 13, 14), except 7: an epoch
+# for a new ``:state``, 11: the room's shard for a new ``:state``; 12 unused.
+# Returns {1, seq, epoch, handed, shard, the :utt entry's field pairs...} when accepted.
+_SAY_CLUSTER = _SAY_BODY + """\
+local fields = {'seq', seq, 'text', ARGV[3], 'voice', ARGV[4], 'prev_voice', prev,
+                'sender', ARGV[1], 'client_seq', ARGV[2], 'time', ARGV[5], unpack(extra)}
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[6], '*', unpack(fields))
+if redis.call('HEXISTS', KEYS[5], 'epoch') == 0 then
+  redis.call('HSET', KEYS[5], 'epoch', ARGV[7], 'handed', seq - 1, 'shard', ARGV[11])
+end
+local st = redis.call('HMGET', KEYS[5], 'epoch', 'handed', 'shard')
+redis.call('EXPIRE', KEYS[1], ARGV[10])
+redis.call('EXPIRE', KEYS[3], ARGV[10])
+redis.call('EXPIRE', KEYS[5], ARGV[10])
+redis.call('EXPIRE', KEYS[4], ARGV[10])
+return {1, seq, st[1], tonumber(st[2]), tonumber(st[3]), unpack(fields)}
+"""
+# Why: ``:utt`` holds what the job needs (prev_voice, the switch fields, the lexicon), so a line
+# can be handed again from it alone. ``handed`` starts just below the room's first line in a new
+# ``:state``: when ``:state`` was lost and ``:seq`` was not, the lines before are stale anyway
+# (the worker drops them, ``next`` starts over past them) and must not be handed again.
+
+# KEYS: 1 shard stream, 2 shard :handed, 3 shard :handed_at. ARGV: 1 room, 2 seq, 3 epoch,
+# 4 jobs maxlen, 5 now ms, then the job's field pairs (seq among them).
+_HAND = """
+local v = redis.call('HGET', KEYS[2], ARGV[1])
+if v then
+  local e, s = string.match(v, '^(.*):(%d+)$')
+  if e == ARGV[3] and tonumber(s) >= tonumber(ARGV[2]) then return 0 end
+end
+redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[4], '*', 'room', ARGV[1], unpack(ARGV, 6))
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3] .. ':' .. ARGV[2])
+redis.call('ZADD', KEYS[3], ARGV[5], ARGV[1])
+return 1
+"""
+
+# KEYS: 1 state. ARGV: 1 seq, 2 epoch.
+_RECORD = """
+if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[2] then return 0 end
+if tonumber(redis.call('HGET', KEYS[1], 'handed') or '0') < tonumber(ARGV[1]) then
+  redis.call('HSET', KEYS[1], 'handed', ARGV[1])
+end
+return 1
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """One accepted line as the room's ``:utt`` holds it: what its job is made of."""
+    seq: int
+    fields: list[str]
+    """Field pairs (``seq``, ``text``, ``voice``...), flat."""
+
+    def time_ms(self) -> float:
+        pairs = dict(zip(self.fields[::2], self.fields[1::2], strict=True))
+        return float(pairs.get("time", 0))
+
+
+@dataclass(frozen=True, slots=True)
+class RoomMark:
+    """Where a room's hand-off stands (from its ``:state``)."""
+    epoch: str
+    handed: int
+    shard: int
+
+
+class HandOff:
+    def __init__(self, calls: Calls, *, shards: int, jobs_maxlen: int = 100_000, wait_replicas: int = 0,
+                 wait_timeout_ms: int = 500, room_idle_ttl_s: int = 3600) -> None:
+        """``calls``: commands routed to their key's node (voxroom/store/cluster/calls.py).
+        ``shards``: the deployment's ``job_shards`` (every gateway and worker the same).
+        ``wait_replicas``, ``wait_timeout_ms``: as :class:`app.ingress.say_script.Ingress`'s: an accepted
+        (or duplicate) line is answered once that many replicas of the room's primary have it;
+        needs ``calls`` to be an autopipeline (``WAIT`` must go on the connection of the accept).
+        ``room_idle_ttl_s``: the room's TTL, refreshed by the write a duplicate's ``WAIT`` needs."""
+        if shards < 1:
+            raise ValueError(f"job_shards must be at least 1, not {shards}")
+        if wait_replicas and not isinstance(calls, (ClusterAutoPipeline, AutoPipeline)):
+            raise ValueError("redis_wait_replicas needs the gateway's autopipeline (WAIT on the accept's connection)")
+        check_wait(wait_replicas, wait_timeout_ms, getattr(calls, "timeout_s", 5.0))
+        self.wait_replicas = wait_replicas
+        self.wait_timeout_ms = wait_timeout_ms
+        self.room_idle_ttl_s = room_idle_ttl_s
+        self.calls = calls
+        self.shards = shards
+        self.jobs_maxlen = jobs_maxlen
+        self._indexed: dict[str, float] = {}
+        self.handed = 0
+        """Jobs this gateway added to a shard (a hand-off the shard already had is not counted)."""
+
+    # -- step 0: the index the sweeper reads -----------------------------------------------------
+
+    async def index(self, room: str, now_ms: int) -> None:
+        now = time.monotonic()
+        last = self._indexed.get(room)
+        if last is not None and now - last < INDEX_EVERY_S:
+            return
+        if len(self._indexed) >= _INDEXED_MAX:
+            self._indexed.clear()  # forgetting costs one ZADD per room
+        await self.calls.call("ZADD", keys.rooms_shard(keys.shard_of(room, self.shards)), now_ms, room)
+        self._indexed[room] = now
+
+    # -- step 1 ----------------------------------------------------------------------------------
+
+    async def say(self, room: str, argv: list[Any]) -> tuple[SayOutcome, RoomMark | None, Line | None]:
+        """Accept a line (``argv``: app/ingress/say_script.py's ``_SAY`` ARGV, 14 values). The mark and the
+        line are ``None`` unless accepted."""
+        now_ms = int(argv[4])
+        await self.index(room, now_ms)
+        argv = list(argv)
+        argv[6] = f"{now_ms}-{secrets.token_hex(4)}"
+        argv[10] = keys.shard_of(room, self.shards)
+        argv[11] = ""
+        reply: Any = await self.calls.call(
+            "EVAL", _SAY_CLUSTER, 5, keys.room_senders(room), keys.room_seq(room), keys.room_utterances(room),
+            keys.room_output(room), keys.room_state(room), *argv)
+        status = int(reply[0])
+        if status != 1:
+            kind: Literal["duplicate", "busy"] = "duplicate" if status == 0 else "busy"
+            return SayOutcome(kind, int(reply[1])), None, None
+        seq = int(reply[1])
+        mark = RoomMark(str(reply[2]), int(reply[3]), int(reply[4]))
+        return SayOutcome("accepted", seq), mark, Line(seq, [str(v) for v in reply[5:]])
+
+    async def say_and_hand(self, room: str, argv: list[Any]) -> SayOutcome:
+        """Accept, then hand off. The line is accepted once step 1 answered: a hand-off that
+        fails (Redis unavailable) is logged and left to the room's next line or the sweeper.
+        With ``wait_replicas``, the replicas' ``WAIT`` runs beside the hand-off (it holds the
+        room node's connection, not the shard's); :class:`voxroom.errors.NotReplicated` when they
+        did not confirm in time, raised after the hand-off: the line is in the primary's
+        ``:utt`` and is handed and spoken like any other, only the answer differs."""
+        outcome, mark, line = await self.say(room, argv)
+        if not self.wait_replicas:
+            if mark is not None and line is not None:
+                await self._hand_off(room, mark, line)
+            return outcome
+        steps: list[Coroutine[Any, Any, None]] = []
+        if mark is not None and line is not None:
+            steps.append(self._hand_off(room, mark, line))
+        steps.append(self._wait(room, outcome))
+        # Both run to their end before anything is raised: no step is left running unawaited.
+        for result in await asyncio.gather(*steps, return_exceptions=True):
+            if isinstance(result, BaseException):
+                raise result
+        return outcome
+
+    async def _wait(self, room: str, outcome: SayOutcome) -> None:
+        """``WAIT`` on the pipeline of the node that holds the room: the one connection the accept
+        went out on. The cluster autopipeline would route ``WAIT`` (no key) by its first argument,
+        so the node is found from the room's key here. A slot moving between the accept and the
+        ``WAIT`` (the accept followed an ``ASK`` during a migration) leaves the ``WAIT`` on the old
+        node, where it counts that connection's writes, not the line's: a window of the kind a lost
+        connection opens (app/ingress/say_script.py, :func:`~app.ingress.say_script.wait_replicas`)."""
+        calls = self.calls
+        pipe: AutoPipeline
+        if isinstance(calls, ClusterAutoPipeline):
+            pipe = await calls.pipe_for(keys.room_utterances(room))
+        else:
+            assert isinstance(calls, AutoPipeline)  # checked in __init__
+            pipe = calls
+        await wait_replicas(pipe, room, outcome, replicas=self.wait_replicas, timeout_ms=self.wait_timeout_ms,
+                            room_ttl_s=self.room_idle_ttl_s, one_connection=one_connection(pipe.redis))
+
+    async def _hand_off(self, room: str, mark: RoomMark, line: Line) -> None:
+        try:
+            if mark.handed == line.seq - 1:
+                await self.hand(room, mark, line)
+                await self.record(room, mark, line.seq)
+            else:
+                await self.catch_up(room, mark, line.seq)
+        except (RedisError, RedisClusterException) as exc:
+            # Whatever went wrong after the accept (Redis unavailable, a slot moving), the line is
+            # accepted: the room's :utt has it, and it will be handed from there.
+            log.warning("room %s line %d accepted, hand-off to shard %d left to the sweeper: %s", room,
+                        line.seq, mark.shard, exc)
+
+    # -- steps 2 and 3 ---------------------------------------------------------------------------
+
+    async def hand(self, room: str, mark: RoomMark, line: Line) -> bool:
+        """Add ``line``'s job to the room's shard unless the shard has it. ``True``: added now."""
+        shard = mark.shard
+        added = await self.calls.call(
+            "EVAL", _HAND, 3, keys.job_shard(shard), keys.job_shard_handed(shard), keys.job_shard_handed_at(shard),
+            room, line.seq, mark.epoch, self.jobs_maxlen, int(time.time() * 1000), *line.fields)
+        if added:
+            self.handed += 1
+        return bool(added)
+
+    async def record(self, room: str, mark: RoomMark, seq: int) -> None:
+        """Every line of the room up to ``seq`` is in its shard."""
+        await self.calls.call("EVAL", _RECORD, 1, keys.room_state(room), seq, mark.epoch)
+
+    async def mark(self, room: str) -> tuple[int, RoomMark | None]:
+        """The room's last seq and its hand-off mark (``None``: no ``:state`` epoch, a room
+        from a single-instance gateway or one whose ``:state`` expired)."""
+        seq, (epoch, handed, shard) = await asyncio.gather(
+            self.calls.call("GET", keys.room_seq(room)),
+            self.calls.call("HMGET", keys.room_state(room), "epoch", "handed", "shard"))
+        if epoch is None or shard is None:
+            return int(seq or 0), None
+        return int(seq or 0), RoomMark(str(epoch), int(handed or 0), int(shard))
+
+    async def catch_up(self, room: str, mark: RoomMark, upto: int, *, older_than_ms: float | None = None) -> int:
+        """Hand every line of ``room`` with ``mark.handed < seq <= upto``, in order, from ``:utt``,
+        recording ``handed`` after each. ``older_than_ms``: stop at the first line accepted after
+        that time (the sweeper leaves young lines to the gateway accepting them). A line missing
+        from ``:utt`` (trimmed, or lost in a failover) can never come back: it is passed over, and
+        the worker's turn wait skips it. Returns the lines now known to be in the shard."""
+        if upto <= mark.handed:
+            return 0
+        lines = await self.lines_after(room, mark.handed, upto)
+        done = 0
+        for line in lines:
+            if older_than_ms is not None and line.time_ms() > older_than_ms:
+                break
+            await self.hand(room, mark, line)
+            await self.record(room, mark, line.seq)
+            done += 1
+        else:
+            if not lines or lines[-1].seq < upto:
+                await self.record(room, mark, upto)  # the last lines are gone from :utt
+        return done
+
+    async def lines_after(self, room: str, after: int, upto: int) -> list[Line]:
+        """The lines of ``:utt`` with ``after < seq <= upto``, in seq order."""
+        entries: Any = await self.calls.call("XREVRANGE", keys.room_utterances(room), "+", "-",
+                                             "COUNT", upto - after + 8)
+        lines = []
+        for _entry_id, fields in entries:
+            flat = _flat(fields)
+            pairs = dict(zip(flat[::2], flat[1::2], strict=True))
+            seq = int(pairs.get("seq", 0))
+            if after < seq <= upto:
+                lines.append(Line(seq, flat))
+        lines.sort(key=lambda line: line.seq)
+        return lines
+
+
+def _flat(fields: Any) -> list[str]:
+    """A stream entry's fields as flat pairs, whatever shape the client gave them."""
+    if isinstance(fields, dict):
+        out: list[str] = []
+        for name, value in fields.items():
+            out += [str(name), str(value)]
+        return out
+    return [str(v) for v in fields]

@@ -1,0 +1,126 @@
+"""The gateway's hand-off sweeper (Redis Cluster only): lines accepted but never handed to their
+job shard are handed from the room's ``:utt`` (docs/cluster.md, "Jobs without a cross-slot write").
+
+A hand-off is lost when the gateway that accepted a line dies between the accept and the
+hand-off, or the shard's node did not answer then. The room's next line hands the gap itself
+(app/ingress/handoff.py); this loop covers a room that says nothing more. Every :data:`SWEEP_EVERY_S`
+it reads each room index shard (``vx:rooms:{rK}``) for the rooms active in the last
+:data:`ACTIVE_WINDOW_S`, and for each compares ``:seq`` with ``handed`` in ``:state``. A room
+behind is swept under a lease in its own slot (``vx:room:{R}:sweep``, ``SET NX PX``), so two
+gateways do not both sweep it (both would be harmless, the hand-off being idempotent, only
+wasteful). Lines younger than :data:`GRACE_MS` are left to the gateway accepting them.
+
+The same pass keeps the shards small: index entries older than the room TTL are removed, and
+so are the job shards' high-water marks of rooms with no hand-off for that long.
+
+Owned by the gateway's supervisor as ``gateway:sweeper`` (it restarts it and ``/readyz`` says
+when it is down); Redis unavailable is a pass skipped, never a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from redis.exceptions import MovedError, RedisClusterException
+
+from app.ingress.handoff import HandOff
+from voxroom.store import keys
+from voxroom.store.backoff import REDIS_DOWN
+
+log = logging.getLogger("voxroom.gateway.sweeper")
+
+SWEEP_EVERY_S = 1.0
+ACTIVE_WINDOW_S = 300
+"""Rooms whose index entry is older are not looked at: their lines were handed, or their
+gateways were all down longer than this (then the room's next line hands the gap)."""
+GRACE_MS = 2000
+LEASE_MS = 10_000
+ROOMS_PER_SHARD = 2000
+"""Rooms of one index shard looked at per pass at most (the newest first)."""
+PRUNE_PER_PASS = 64
+CONCURRENT_ROOMS = 16
+_SKIP_PASS: tuple[type[BaseException], ...] = (*REDIS_DOWN, MovedError, RedisClusterException)
+"""Redis unavailable, or a slot moving (a ``MOVED`` twice in a row): the next pass tries again."""
+
+# KEYS: 1 lease. ARGV: 1 holder.
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+# KEYS: 1 shard :handed, 2 shard :handed_at. ARGV: 1 cutoff ms, 2 at most.
+_PRUNE = """
+local old = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. ARGV[1], 'LIMIT', 0, ARGV[2])
+if #old > 0 then
+  redis.call('HDEL', KEYS[1], unpack(old))
+  redis.call('ZREM', KEYS[2], unpack(old))
+end
+return #old
+"""
+
+
+class Sweeper:
+    def __init__(self, handoff: HandOff, holder: str, *, room_idle_ttl_s: int = 3600,
+                 every_s: float = SWEEP_EVERY_S, grace_ms: int = GRACE_MS) -> None:
+        """``holder``: this gateway's id (the value of the leases it takes)."""
+        self.handoff = handoff
+        self.holder = holder
+        self.room_idle_ttl_s = room_idle_ttl_s
+        self.every_s = every_s
+        self.grace_ms = grace_ms
+        self.swept = 0
+        """Lines this sweeper handed (or found already in their shard) after their gateway did not."""
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.sweep_once()
+            except _SKIP_PASS as exc:
+                log.warning("hand-off sweep skipped: redis unavailable (%s)", exc)
+            await asyncio.sleep(self.every_s)
+
+    async def sweep_once(self, *, grace_ms: int | None = None) -> int:
+        """One pass over every index shard; returns the lines handed. ``grace_ms``: this pass's
+        grace (tests pass 0)."""
+        now_ms = int(time.time() * 1000)
+        grace = self.grace_ms if grace_ms is None else grace_ms
+        calls = self.handoff.calls
+        rooms: list[str] = []
+        for shard in range(self.handoff.shards):
+            index = keys.rooms_shard(shard)
+            found = await calls.call("ZREVRANGEBYSCORE", index, "+inf", now_ms - ACTIVE_WINDOW_S * 1000,
+                                     "LIMIT", 0, ROOMS_PER_SHARD)
+            rooms += [str(room) for room in found]
+            cutoff = now_ms - self.room_idle_ttl_s * 1000
+            await calls.call("ZREMRANGEBYSCORE", index, "-inf", f"({cutoff}")
+            await calls.call("EVAL", _PRUNE, 2, keys.job_shard_handed(shard), keys.job_shard_handed_at(shard),
+                             cutoff, PRUNE_PER_PASS)
+        limit = asyncio.Semaphore(CONCURRENT_ROOMS)
+
+        async def one(room: str) -> int:
+            async with limit:
+                return await self.sweep_room(room, older_than_ms=now_ms - grace)
+
+        handed = sum(await asyncio.gather(*(one(room) for room in rooms)))
+        self.swept += handed
+        return handed
+
+    async def sweep_room(self, room: str, *, older_than_ms: float) -> int:
+        """Hand the room's lines past ``handed`` (accepted before ``older_than_ms``), under the
+        room's lease; 0 when it is not behind or another gateway holds the lease."""
+        seq, mark = await self.handoff.mark(room)
+        if mark is None or seq <= mark.handed:
+            return 0
+        calls = self.handoff.calls
+        lease = keys.room_sweep_lease(room)
+        if not await calls.call("SET", lease, self.holder, "NX", "PX", LEASE_MS):
+            return 0
+        try:
+            done = await self.handoff.catch_up(room, mark, seq, older_than_ms=older_than_ms)
+        finally:
+            await calls.call("EVAL", _RELEASE, 1, lease, self.holder)
+        if done:
+            log.info("room %s: %d lines handed by the sweeper (handed %d, seq %d)", room, done, mark.handed, seq)
+        return done

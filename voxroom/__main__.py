@@ -1,5 +1,0 @@
-import sys
-
-from voxroom.cli import main
-
-sys.exit(main())

@@ -1,0 +1,1 @@
+"""What every process runs on: settings, the loop supervisor, logging, metric definitions."""

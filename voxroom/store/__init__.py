@@ -1,0 +1,1 @@
+"""Redis: one interface for the layers above, one implementation per Redis mode."""

@@ -1,0 +1,1 @@
+"""The Redis Cluster implementation of the store."""

@@ -1,0 +1,201 @@
+"""Every Redis key voxroom uses, in one place.
+
+Operators read these with ``redis-cli`` (see docs/operations.md). All keys share the ``vx:`` prefix
+so that one ``SCAN MATCH vx:*`` shows everything voxroom owns.
+
+The braces around ``{room}`` are literal: a room's keys carry its id as a Redis Cluster hash tag
+(``vx:room:{lobby}:utt``), so every key of one room lies in one slot and each script that touches
+a room still touches one slot (docs/cluster.md). Room ids cannot hold braces (``[A-Za-z0-9_-]``).
+Quote them in a shell: ``redis-cli XRANGE 'vx:room:{lobby}:utt' - +``.
+
+=====================================  ========  ====================================================
+key                                    type      what
+=====================================  ========  ====================================================
+``vx:jobs``                            stream    work queue: one entry per utterance, consumer group
+                                                 ``workers``; XACK after the audio is published
+``vx:room:{room}:utt``                 stream    the room's utterance log (seq, text, voice, sender,
+                                                 time), text fields only, ``MAXLEN ~``
+``vx:room:{room}:out``                 stream    the room's output: ``start`` / ``chunk`` / ``end``
+                                                 entries; audio only in the binary ``frame`` field
+                                                 (and ``opus``, its Opus copy, while an Opus client
+                                                 listens)
+``vx:room:{room}:seq``                 string    last room-level utterance sequence number
+``vx:room:{room}:state``               hash      ``next`` (seq allowed to play next), ``end_ms``
+                                                 (room-clock time the last utterance ends),
+                                                 ``voice`` (the room's current voice); while a
+                                                 voice switch spreads over lines: ``switch_from``
+                                                 (old voice), ``switch_line`` (the next line's
+                                                 number in it), ``switch_lines`` (its length)
+``vx:room:{room}:senders``             hash      sender id -> last client ``seq`` accepted (dedupe)
+``vx:room:{room}:opus``                string    present (TTL 30 s, refreshed) while an Opus client
+                                                 listens: workers add Opus copies only then
+``vx:room:{room}:client:{id}``        string    claim on a self-chosen client id (owner), 15 s TTL
+                                                 refreshed by the gateway holding it
+``vx:rooms``                           zset      room -> last activity (ms); for ``voxroom rooms``;
+                                                 entries past the idle TTL are removed by ``say``
+``vx:worker:{id}``                     hash      worker heartbeat: engines, contexts, load (TTL)
+``vx:gw:{id}:wake:{n}``                stream    private to one gateway reader: XADD wakes its
+                                                 blocked XREAD when its room set changes
+``vx:room:{room}:bell``                channel   Redis Cluster only, sharded pub/sub (not a key):
+                                                 rung by the worker after each write to ``:out``
+``vx:cache:{slot}``                    hash      audio cache, one entry per slot (``fp``, ``pcm``):
+                                                 slot = fingerprint mod ``cache_slots``, with a TTL
+=====================================  ========  ====================================================
+
+A room's keys (``:utt``, ``:out``, ``:seq``, ``:state``, ``:senders``) expire
+``VOXROOM_ROOM_IDLE_TTL_S`` (1 h) after its last activity: the ``say`` script refreshes them all
+and the worker refreshes ``:out`` and ``:state`` when it publishes. Keys without a TTL (``vx:jobs``
+above all) are never evicted under ``maxmemory-policy volatile-lru`` (docs/operations.md).
+
+Rooms whose id starts with ``_api-`` are private to one ``POST /v1/audio/speech`` request: they
+are deleted when it ends and are not room listings' business.
+"""
+
+from __future__ import annotations
+
+PREFIX = "vx"
+JOBS = f"{PREFIX}:jobs"
+JOBS_GROUP = "workers"
+ROOMS = f"{PREFIX}:rooms"
+WORKERS = f"{PREFIX}:workers"
+"""zset: worker id -> time of its last heartbeat (ms). The directory reads it instead of a SCAN."""
+
+
+def room_tag(room: str) -> str:
+    """The hash tag of every key of ``room``: Redis Cluster hashes only what is inside the braces."""
+    return "{" + room + "}"
+
+
+def room_key(room: str, part: str) -> str:
+    """``vx:room:{room}:part``. The named functions below spell the same in one f-string each
+    (they are on the hot path of every line and slice)."""
+    return room_prefix(room) + part
+
+
+def room_prefix(room: str) -> str:
+    """What every key of ``room`` starts with: ``vx:room:{room}:``."""
+    return f"{PREFIX}:room:{room_tag(room)}:"
+
+
+def room_pattern(room: str) -> str:
+    """``SCAN MATCH`` pattern for every key of ``room`` (braces are not special in Redis globs;
+    ``room`` may itself hold ``*``: ``room_pattern("_api-*")``)."""
+    return room_prefix(room) + "*"
+
+
+def room_of_key(key: str) -> str:
+    """The room id of a room key (``vx:room:{lobby}:out`` -> ``lobby``). Raises ``ValueError`` for a
+    key that is not a room's."""
+    head = f"{PREFIX}:room:{{"
+    close = key.find("}:", len(head))
+    if not key.startswith(head) or close < 0:
+        raise ValueError(f"not a room key: {key!r}")
+    return key[len(head):close]
+
+
+def room_utterances(room: str) -> str:
+    return f"{PREFIX}:room:{{{room}}}:utt"
+
+
+def room_output(room: str) -> str:
+    return f"{PREFIX}:room:{{{room}}}:out"
+
+
+def room_bell(room: str) -> str:
+    """The room's doorbell on a Redis Cluster: a sharded pub/sub channel, not a key (nothing to
+    expire). The worker's scripts that append to ``:out`` ``SPUBLISH`` it (same hash tag, so same
+    slot and node); a gateway ``SSUBSCRIBE``s it while it has listeners in the room
+    (``voxroom/store/cluster/bells.py``). Unused on one Redis."""
+    return f"{PREFIX}:room:{{{room}}}:bell"
+
+
+def room_seq(room: str) -> str:
+    return f"{PREFIX}:room:{{{room}}}:seq"
+
+
+def room_state(room: str) -> str:
+    return f"{PREFIX}:room:{{{room}}}:state"
+
+
+def room_opus_demand(room: str) -> str:
+    """Set (with a short TTL, refreshed) while some gateway has an Opus client in the room: workers
+    encode Opus only for rooms that want it."""
+    return f"{PREFIX}:room:{{{room}}}:opus"
+
+
+def room_senders(room: str) -> str:
+    return f"{PREFIX}:room:{{{room}}}:senders"
+
+
+def worker_heartbeat(worker_id: str) -> str:
+    return f"{PREFIX}:worker:{worker_id}"
+
+
+def worker_pattern() -> str:
+    return f"{PREFIX}:worker:*"
+
+
+def worker_wake(worker_id: str) -> str:
+    """Private to one worker's stream watcher (``voxroom/store/stream_watcher.py``): an XADD wakes its blocked
+    XREAD when a room joins it. Not under ``vx:worker:`` (heartbeats only)."""
+    return f"{PREFIX}:wake:worker:{worker_id}"
+
+
+def gateway_wake(gateway_id: str, reader: int | str) -> str:
+    """A gateway's private wake streams: one per hub reader (``0``, ``1``...) and ``api``, its
+    stream watcher's (``voxroom/store/stream_watcher.py``, the speech API's waits)."""
+    return f"{PREFIX}:gw:{gateway_id}:wake:{reader}"
+
+
+PRIVATE_ROOM_PREFIX = "_api-"
+
+
+def cache_slot(slot: int) -> str:
+    return f"{PREFIX}:cache:{slot}"
+
+
+def room_client_claim(room: str, client: str) -> str:
+    """string (owner: gateway id and connection serial), 15 s TTL refreshed by the gateway holding
+    it, deleted when its connection ends: a self-chosen client id in use in the room
+    (app/room/identity.py)."""
+    return f"{PREFIX}:room:{{{room}}}:client:{client}"
+
+
+# -- Redis Cluster: job shards and room index shards (docs/cluster.md, "Jobs without a cross-slot
+# write"). Used only when the gateway and the worker run on a cluster; a single instance keeps
+# ``vx:jobs`` and ``vx:rooms``.
+
+def job_shard(shard: int) -> str:
+    """stream: one of the job shards (``vx:jobs:{j3}``), consumer group ``workers``; replaces
+    ``vx:jobs`` on a cluster. A room's lines all go to one shard (its ``shard`` in ``:state``)."""
+    return f"{PREFIX}:jobs:{{j{shard}}}"
+
+
+def job_shard_handed(shard: int) -> str:
+    """hash: room -> ``epoch:seq``, the highest line of the room added to the shard (the hand-off's
+    high-water mark, in the shard's slot)."""
+    return f"{PREFIX}:jobs:{{j{shard}}}:handed"
+
+
+def job_shard_handed_at(shard: int) -> str:
+    """zset: room -> time (ms) of its last hand-off to the shard; the sweeper drops the
+    high-water marks of rooms idle past the room TTL."""
+    return f"{PREFIX}:jobs:{{j{shard}}}:handed_at"
+
+
+def rooms_shard(shard: int) -> str:
+    """zset: room -> last activity (ms), the rooms of one index shard (``vx:rooms:{r3}``): what
+    ``vx:rooms`` is on a cluster, and where the sweeper finds rooms to look at."""
+    return f"{PREFIX}:rooms:{{r{shard}}}"
+
+
+def room_sweep_lease(room: str) -> str:
+    """string (gateway id), short TTL: the gateway sweeping the room's hand-offs now."""
+    return f"{PREFIX}:room:{{{room}}}:sweep"
+
+
+def shard_of(room: str, shards: int) -> int:
+    """The shard of ``room`` among ``shards``: CRC16 (XMODEM, Redis Cluster's) of its id."""
+    import binascii
+
+    return binascii.crc_hqx(room.encode(), 0) % shards

@@ -1,0 +1,5 @@
+import sys
+
+from voxroom_cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""A line's audio into its room: slices, presentation times, pacing, Opus."""
