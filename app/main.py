@@ -13,10 +13,8 @@ import logging
 import os
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 
-from redis.asyncio.cluster import RedisCluster
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -28,24 +26,19 @@ from app.api import speech_api, voices_api
 from app.api.cors import Cors
 from app.api.metrics import metrics_endpoint
 from app.fanout.hub import RoomHub
+from app.fanout.transport import TransportTap
 from app.ingress.directory import WorkerDirectory
-from app.ingress.handoff import HandOff
-from app.ingress.say_script import Ingress
-from app.ingress.sweeper import Sweeper
 from app.room.identity import ClientClaims
 from app.room.reaper import reap_stalled
-from app.room.transport import TransportTap
 from app.room.ws import room_endpoint
 from app.state import GatewayState
 from voxroom.errors import ConfigError
 from voxroom.runtime.gc_tuning import freeze_startup_objects
 from voxroom.runtime.settings import Settings
 from voxroom.runtime.supervisor import Supervisor
-from voxroom.store import clients as redis_client
 from voxroom.store import keys
-from voxroom.store.backoff import REDIS_DOWN
-from voxroom.store.cluster.pipeline import ClusterAutoPipeline
-from voxroom.store.stream_watcher import StreamWatcher
+from voxroom.store.interface import IngressOptions
+from voxroom.store.opening import open_store
 from voxroom.voices.catalog import Catalog
 from voxroom.wire import tokens
 from voxroom.wire.protocol import CloseCode
@@ -60,10 +53,11 @@ async def healthz(request: Request) -> Response:
 
 async def readyz(request: Request) -> Response:
     """200 when Redis answers, some worker is alive and none of this gateway's loops is down;
-    503 naming what is not. Says nothing of where Redis is (anyone may ask)."""
+    503 naming what is not, within the ping's timeout even while Redis is cut off. Says nothing
+    of where Redis is (anyone may ask)."""
     state: GatewayState = request.app.state.voxroom
     try:
-        await state.redis.ping()
+        await state.store.ping()
     except Exception as exc:  # any failure to reach Redis means not ready
         return JSONResponse({"status": "redis unreachable", "error": type(exc).__name__}, status_code=503)
     down = state.supervisor.down()
@@ -95,20 +89,11 @@ def check_auth_settings(settings: Settings) -> None:
         raise ConfigError(f"VOXROOM_JWT_SECRET must be at least {tokens.MIN_SECRET_BYTES} bytes")
 
 
-@dataclass(frozen=True, slots=True)
-class _ClusterClients:
-    text: RedisCluster
-    raw: RedisCluster
-    """Bytes replies: the hub's and the stream watcher's reads carry audio."""
-
-
-async def _cluster_clients(url: str) -> _ClusterClients | None:
-    """The cluster clients when ``url`` names a Redis Cluster node (``INFO cluster``), else
-    ``None``. A Redis that cannot be asked now counts as one instance, as it always did."""
-    if not await asyncio.to_thread(redis_client.cluster_enabled, url):
-        return None
-    return _ClusterClients(text=await redis_client.cluster_from_url(url, decode_responses=True),
-                           raw=await redis_client.cluster_from_url(url, decode_responses=False))
+def ingress_options(settings: Settings) -> IngressOptions:
+    return IngressOptions(utterance_maxlen=settings.utterance_stream_maxlen, jobs_maxlen=settings.jobs_maxlen,
+                          max_pending_per_room=settings.max_pending_per_room, room_idle_ttl_s=settings.room_idle_ttl_s,
+                          switch_lines=settings.chattts_switch_lines, wait_replicas=settings.redis_wait_replicas,
+                          wait_timeout_ms=settings.redis_wait_timeout_ms)
 
 
 def create_app(settings: Settings, *, catalog: Catalog | None = None) -> Starlette:
@@ -117,53 +102,34 @@ def create_app(settings: Settings, *, catalog: Catalog | None = None) -> Starlet
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        url = settings.redis_url or "redis://127.0.0.1:6379/0"
-        text_redis = redis_client.from_url(url, decode_responses=True)
-        bytes_redis = redis_client.from_url(url, decode_responses=False)
+        # The one place the gateway meets Redis: which mode is the store's business
+        # (voxroom/store/opening.py); a cluster's slot map is read now, so one that cannot be
+        # reached fails the start.
+        store = await open_store(settings.redis_url, job_shards=settings.job_shards, connect=True)
         gateway_id = f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        directory = WorkerDirectory(text_redis)
         supervisor = Supervisor("gateway")
-        # Redis Cluster (chosen once, at start; docs/cluster.md): the hub, the stream watcher and
-        # the claims run on cluster clients; lines are accepted in their room's slot and handed
-        # to a job shard (app/ingress/handoff.py). One instance keeps its clients and its one say script.
-        cluster = await _cluster_clients(url)
-        handoff: HandOff | None = None
-        if cluster is not None:
-            # One autopipeline per node (text replies) for the hand-off, the sweeper and the
-            # directory: the commands of one loop turn share a round trip per node.
-            routed = ClusterAutoPipeline(cluster.text)
-            handoff = HandOff(routed, shards=settings.job_shards, jobs_maxlen=settings.jobs_maxlen,
-                              wait_replicas=settings.redis_wait_replicas,
-                              wait_timeout_ms=settings.redis_wait_timeout_ms,
-                              room_idle_ttl_s=settings.room_idle_ttl_s)
-            directory.auto = routed  # the registry lies in its own slot
-        claims = ClientClaims(cluster.text if cluster is not None else text_redis, gateway_id)
-        hub_redis = cluster.raw if cluster is not None else bytes_redis
+        commands = store.commands()
+        directory = WorkerDirectory(commands)
+        claims = ClientClaims(store.commands(), store.slot_of, gateway_id)
+        hub = RoomHub(store, gateway_id, supervisor=supervisor)
+        streams = store.watcher(keys.gateway_wake(gateway_id, "api"), hub.control)
         state = GatewayState(
-            settings=settings, catalog=catalog, redis=text_redis, gateway_id=gateway_id,
-            hub=RoomHub(hub_redis, gateway_id, supervisor=supervisor), supervisor=supervisor,
-            ingress=Ingress(text_redis, utterance_maxlen=settings.utterance_stream_maxlen,
-                            jobs_maxlen=settings.jobs_maxlen,
-                            max_pending_per_room=settings.max_pending_per_room,
-                            room_idle_ttl_s=settings.room_idle_ttl_s,
-                            switch_lines=settings.chattts_switch_lines, handoff=handoff,
-                            wait_replicas=settings.redis_wait_replicas,
-                            wait_timeout_ms=settings.redis_wait_timeout_ms),
-            directory=directory, claims=claims, cluster=cluster.text if cluster is not None else None)
-        state.streams = StreamWatcher(hub_redis, state.hub.control, keys.gateway_wake(gateway_id, "api"))
+            settings=settings, catalog=catalog, store=store, commands=commands, gateway_id=gateway_id, hub=hub,
+            supervisor=supervisor,
+            ingress=store.ingress(ingress_options(settings)), directory=directory, claims=claims,
+            streams=streams)
         app.state.voxroom = state
         with contextlib.suppress(Exception):
             await directory.refresh()
         supervisor.spawn("gateway:directory", directory.run)
-        supervisor.spawn("gateway:opus-demand", state.hub.keep_opus_demand)
+        supervisor.spawn("gateway:opus-demand", hub.keep_opus_demand)
         supervisor.spawn("gateway:reaper", lambda: reap_stalled(state))
         supervisor.spawn("gateway:client-claims", claims.run)
-        supervisor.spawn("gateway:streams", state.streams.run)
-        if handoff is not None:
-            sweeper = Sweeper(handoff, gateway_id, room_idle_ttl_s=settings.room_idle_ttl_s)
-            supervisor.spawn("gateway:sweeper", sweeper.run)
+        supervisor.spawn("gateway:streams", streams.run)
+        for name, loop in store.gateway_loops(gateway_id, room_idle_ttl_s=settings.room_idle_ttl_s).items():
+            supervisor.spawn(name, loop)
         freeze_startup_objects()
-        log.info("gateway %s up (redis %s)", gateway_id, url)
+        log.info("gateway %s up (redis %s)", gateway_id, store.url)
         try:
             yield
         finally:
@@ -173,20 +139,15 @@ def create_app(settings: Settings, *, catalog: Catalog | None = None) -> Starlet
             # Together, and never held up by a client that reads nothing (its close is aborted).
             await asyncio.gather(*(conn.close_socket(CloseCode.SERVICE_RESTART, "server restarting")
                                    for conn in list(state.clients)))
-            await state.hub.close()
+            await hub.close()
             await supervisor.aclose()
-            await state.streams.aclose()
-            if cluster is None:  # a cluster's watcher has no wake stream
-                with contextlib.suppress(*REDIS_DOWN):
-                    await bytes_redis.delete(state.streams.wake_key)
+            await streams.aclose()
             await claims.release_all()  # its clients reconnect elsewhere now, with the same ids
-            await directory.aclose()
+            await claims.aclose()
             await state.ingress.aclose()
-            if cluster is not None:
-                await cluster.text.aclose()
-                await cluster.raw.aclose()
-            await text_redis.aclose()
-            await bytes_redis.aclose()
+            await commands.aclose()
+            await hub.aclose()
+            await store.aclose()
             log.info("gateway %s stopped", gateway_id)
 
     routes = [
@@ -199,7 +160,7 @@ def create_app(settings: Settings, *, catalog: Catalog | None = None) -> Starlet
         WebSocketRoute("/rooms/{room_id}/ws", room_endpoint),
         Mount("/client", app=StaticFiles(directory=CLIENT_DIR, check_dir=False), name="client"),
     ]
-    # TransportTap outermost: it must see uvicorn's own send (app/room/transport.py). Cors answers
+    # TransportTap outermost: it must see uvicorn's own send (app/fanout/transport.py). Cors answers
     # preflights before any route sees them; WebSockets keep admission's own Origin check.
     return Starlette(routes=routes, lifespan=lifespan,
                      middleware=[Middleware(TransportTap),

@@ -4,19 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from redis.asyncio import Redis
-from redis.asyncio.cluster import RedisCluster
-
+from app.fanout.connection import ClientConnection
 from app.fanout.hub import RoomHub
 from app.ingress.directory import WorkerDirectory
-from app.ingress.say_script import Ingress
 from app.room.address_slots import AddressSlots
-from app.room.connection import ClientConnection
 from app.room.floodban import FloodBans
 from app.room.identity import ClientClaims
 from voxroom.runtime.settings import Settings
 from voxroom.runtime.supervisor import Supervisor
-from voxroom.store.stream_watcher import StreamWatcher
+from voxroom.store.interface import Commands, Ingress, Store, StreamWatch
 from voxroom.voices.catalog import Catalog
 
 
@@ -24,8 +20,10 @@ from voxroom.voices.catalog import Catalog
 class GatewayState:
     settings: Settings
     catalog: Catalog
-    redis: Redis
-    """Text client (``decode_responses=True``)."""
+    store: Store
+    """Redis (voxroom/store/): everything the gateway reads and writes there goes through it."""
+    commands: Commands
+    """A text pipeline for the small reads (the worker directory, ``/metrics``)."""
     hub: RoomHub
     ingress: Ingress
     directory: WorkerDirectory
@@ -40,8 +38,5 @@ class GatewayState:
     flood_bans: FloodBans = field(default_factory=FloodBans)
     address_slots: AddressSlots = field(default_factory=AddressSlots)
     """Room sockets open per client address (app/room/address_slots.py)."""
-    streams: StreamWatcher | None = None
-    """The one blocked read the speech API's responses wait on (voxroom/store/stream_watcher.py)."""
-    cluster: RedisCluster | None = None
-    """Redis Cluster only: the routed text client (``redis`` is then the seed node alone); what
-    reads keys of any slot (the job shards' gauges) goes through it."""
+    streams: StreamWatch | None = None
+    """What the speech API's responses wait on (one blocked read for all of them on one Redis)."""

@@ -26,8 +26,9 @@ import chattts_common as common
 async def scenario(engine: Any, continuous: bool, seconds_late: float, texts: list[str]) -> list[tuple[float, float]]:
     """(first audio s, last audio s) per line, each from its own arrival."""
     from voxroom.voices.catalog import Catalog
-    from workers.intake.job import Job, SliceBuffer, Utterance
+    from voxroom.wire.jobs import Job
     from workers.pool.context import Context
+    from workers.utterance import SliceBuffer, Utterance
 
     engine.continuous = continuous
     voices = [common.voice(i) for i in range(len(texts))]

@@ -61,7 +61,7 @@ from _wsclient import percentiles  # noqa: E402
 from capacity import cpu_s, window  # noqa: E402
 from latency import SYNTHETIC, Room, one_round, open_room  # noqa: E402
 
-from tests.cluster.conftest import RedisClusterProcs  # noqa: E402
+from tests.support.cluster import RedisClusterProcs  # noqa: E402
 from tests.support.processes import Proc, start_gateway, start_worker  # noqa: E402
 from voxroom.runtime.settings import Settings  # noqa: E402
 from voxroom.store.server import RedisServer  # noqa: E402

@@ -36,8 +36,8 @@ sys.path[:0] = [str(ROOT)]
 
 from redis.asyncio import Redis  # noqa: E402
 
+from tests.support.outputs import add_jobs  # noqa: E402
 from tests.support.processes import start_worker  # noqa: E402
-from tests.workers.outputs import add_jobs  # noqa: E402
 from voxroom.store import clients as redis_client  # noqa: E402
 from voxroom.store import keys  # noqa: E402
 from voxroom.store.server import RedisServer  # noqa: E402

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tests.engines.marks_check import errors_ms, run_timed
+from tests.support.marks_check import errors_ms, run_timed
 from voxroom.voices.catalog import Catalog
 from workers.engines.base import TimedEngine
 from workers.engines.espeak import EspeakEngine

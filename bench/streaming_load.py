@@ -201,8 +201,9 @@ async def cell(engine: Metered, continuous: bool, rooms: int, seconds: float, dr
     """One mode at one N: the lines, the audio seconds and engine busy seconds in the window, and the
     CPU cores this process kept busy (window and drain)."""
     from voxroom.voices.catalog import Catalog, Voice
-    from workers.intake.job import Job, SliceBuffer, Utterance
+    from voxroom.wire.jobs import Job
     from workers.pool.context import Context
+    from workers.utterance import SliceBuffer, Utterance
 
     engine._inner.continuous = continuous
     voices = [Voice(id=f"bench-{i}", engine=engine.name, language="eng", params={"seed": 100 + i})

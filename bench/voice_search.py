@@ -4,7 +4,7 @@
     .venv/bin/pip install faiss-cpu && .venv/bin/python bench/voice_search.py --faiss
 
 Catalogs are synthetic: each voice draws a language, gender, age, emotion and style, is embedded
-like a catalog entry (app/api/voice_search.py), then nudged by a little noise (as hand-set
+like a catalog entry (app/ingress/voice_search.py), then nudged by a little noise (as hand-set
 vectors would be) so that ties do not flatter any method. Queries are random scenes of 1-4 tags.
 One query at a time (one scene per ``say``), k = 10, one thread (``OPENBLAS_NUM_THREADS=1``:
 a gateway is one event loop; BLAS threads only add jitter on a shared 2-core machine). Recall@10
@@ -24,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.api.voice_search import DIM, embed, features, top_k
+from app.ingress.voice_search import DIM, embed, features, top_k
 
 TAGS = {
     "language": ["eng", "cmn", "yue", "jpn", "kor", "fra", "deu", "spa", "sichuan", "wuu"],

@@ -3,14 +3,29 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests.support.processes import Proc, start_gateway, start_worker
+from tests.support.stores import Stores
+from tests.support.waiting import FACTOR
 from voxroom.store.server import RedisServer
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test's timeout (its own ``timeout`` mark, or the ini's) times
+    ``VOXROOM_TEST_TIMEOUT_FACTOR`` (tests/support/waiting.py)."""
+    if FACTOR == 1:
+        return
+    default = float(config.getini("timeout") or 0)
+    for item in items:
+        marker = item.get_closest_marker("timeout")
+        base = float(marker.args[0]) if marker is not None and marker.args else default
+        if base:
+            item.add_marker(pytest.mark.timeout(base * FACTOR), append=False)
 
 
 @pytest.fixture(scope="session")
@@ -49,3 +64,13 @@ def stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     finally:
         gateway.stop()
         worker.stop()
+
+
+@pytest.fixture
+async def stores() -> AsyncIterator[Stores]:
+    """Stores and job buses on the test's Redis, closed when the test ends (tests/support/stores.py)."""
+    made = Stores()
+    try:
+        yield made
+    finally:
+        await made.aclose()

@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from tests.audio_analysis import (
+from tests.support.audio import (
     CLICK_RATIO,
     SILENCE_DBFS,
     dbfs,

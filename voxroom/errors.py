@@ -8,8 +8,10 @@
     │   └── ModelNotFound      weights missing or corrupt (clear message, no traceback)
     ├── UnknownVoice           a voice id that the catalog does not have
     ├── Overloaded             a bounded queue is full; carries ``retry_after_ms``
-    └── NotReplicated          a line is in the primary, ``WAIT`` did not confirm its replicas;
-                               also a redis-py ``TimeoutError`` (below)
+    ├── NotReplicated          a line is in the primary, ``WAIT`` did not confirm its replicas;
+    │                          also a redis-py ``TimeoutError`` (below)
+    └── OwnershipLost          Redis refused a worker's write for a job another worker owns now
+        └── TurnLost           ... or whose room's turn moved past it (a later line skipped it)
 
 Protocol-level problems are :class:`voxroom.wire.protocol.ProtocolError` (kept in the pure protocol
 module); the room endpoint (``app/room/ws.py``) turns them into ``error`` messages or close codes.
@@ -57,8 +59,22 @@ class Overloaded(VoxroomError):
 
 class NotReplicated(VoxroomError, RedisTimeoutError):
     """A line (or the line a ``duplicate`` answers for) is in the primary, but ``WAIT`` did not
-    confirm that the configured number of replicas have it in time (``app/ingress/say_script.py``
-    ``wait_replicas``). A ``TimeoutError`` of redis-py, so it is one of
+    confirm that the configured number of replicas have it in time
+    (``voxroom/store/replicas.py``). A ``TimeoutError`` of redis-py, so it is one of
     ``voxroom.store.backoff.REDIS_DOWN``: the room WebSocket answers ``unavailable`` with
     ``retry_after_ms`` and the client resends the same seq, which the say script answers
     ``duplicate`` after a ``WAIT`` of its own. Never ``accepted`` for a line a failover may lose."""
+
+
+class OwnershipLost(VoxroomError):
+    """Redis refused a write for a job: another worker claimed it while this one was not looking
+    (paused, or cut off from Redis past the claim time). Drop the job: no more writes, no ack (the
+    new owner acks it). Raised by the job bus (voxroom/store/jobs.py)."""
+
+
+class TurnLost(OwnershipLost):
+    """Redis refused a write for a job that is still ours because the room's turn is no longer
+    its line's: ``next`` moved past its seq (a later line skipped past it, see
+    ``workers/output/publisher.py``) after its turn check. Nothing of that write landed: it would
+    have interleaved with the line that skipped. The publisher drops the line as stale and acks it;
+    anything else that sees it treats it as :class:`OwnershipLost` (no more writes)."""

@@ -85,22 +85,18 @@ def _run_gateway(settings: Settings) -> None:
 
 
 async def _worker_main(settings: Settings) -> None:
-    from voxroom.store import clients as redis_client
+    from voxroom.store.opening import open_store
     from workers.launch import build_worker
 
-    url = settings.redis_url or "redis://127.0.0.1:6379/0"
-    redis = redis_client.from_url(url, decode_responses=True)
-    # Asked once, at start (docs/cluster.md): on a cluster the jobs come from the shards. A Redis
-    # that cannot be asked now counts as one instance, as it always did.
-    cluster = await asyncio.to_thread(redis_client.cluster_enabled, url)
-    worker = build_worker(settings, redis, cluster_url=url if cluster else None)
+    store = await open_store(settings.redis_url, job_shards=settings.job_shards)
+    worker = build_worker(settings, store)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, worker.stop)
     try:
         await worker.run()
     finally:
-        await redis.aclose()
+        await store.aclose()
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:

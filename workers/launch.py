@@ -5,10 +5,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from redis.asyncio import Redis
-
 from voxroom.errors import ConfigError
 from voxroom.runtime.settings import Settings
+from voxroom.store.interface import Store
 from voxroom.voices.catalog import Catalog, Voice
 from voxroom.wire.protocol import SLICE_MS
 from workers.engines.base import Engine
@@ -92,10 +91,8 @@ def engine_options(name: str, settings: Settings, catalog: Catalog | None = None
     return {}
 
 
-def build_worker(settings: Settings, redis: Redis, *, catalog: Catalog | None = None,
-                 cluster_url: str | None = None) -> Worker:
-    """``cluster_url``: ``REDIS_URL`` when it names a Redis Cluster node (the caller asked
-    ``INFO cluster`` once): jobs come from the shards (docs/cluster.md)."""
+def build_worker(settings: Settings, store: Store, *, catalog: Catalog | None = None) -> Worker:
+    """A worker on ``store`` (the caller opened it and closes it after the worker ran)."""
     from workers.engines import registry
 
     catalog = catalog or Catalog.for_settings(settings.voices_path, settings.default_voice)
@@ -112,29 +109,15 @@ def build_worker(settings: Settings, redis: Redis, *, catalog: Catalog | None = 
                        batch_window_ms=settings.batch_window_ms,
                        max_slices=settings.max_utterance_ms // SLICE_MS,
                        backlog=settings.context_backlog, fair=settings.context_fair)
-    worker = Worker(redis, pool, served, lead_ms=settings.lead_ms, order_wait_ms=settings.order_wait_ms,
+    worker = Worker(store, pool, served, lead_ms=settings.lead_ms, order_wait_ms=settings.order_wait_ms,
                     claim_idle_ms=settings.claim_idle_ms, resume_window_ms=settings.resume_window_ms,
                     room_idle_ttl_s=settings.room_idle_ttl_s,
                     opus_bitrate=settings.opus_bitrate, cache_slots=settings.cache_slots,
                     cache_entry_max_bytes=settings.cache_entry_max_bytes, cache_ttl_s=settings.cache_ttl_s,
                     cache_lru_entries=settings.cache_lru_entries,
-                    metrics_port=settings.worker_metrics_port, metrics_host=settings.worker_metrics_host,
-                    **_cluster_options(settings, cluster_url))
+                    metrics_port=settings.worker_metrics_port, metrics_host=settings.worker_metrics_host)
     if settings.engine == "auto":
         # auto chose ChatTTS because weights were found; if they do not load, the offline voices
         # still serve (one error line says why) rather than no voice at all.
         worker.optional_engines = frozenset({"chattts"})
     return worker
-
-
-def _cluster_options(settings: Settings, cluster_url: str | None) -> dict[str, Any]:
-    if cluster_url is None:
-        return {}
-    from voxroom.store.clients import cluster_client
-    from workers.cluster_pipe import PipelinedClusterCalls
-
-    # Job scripts, turn checks and audio cache entries share a pipeline per node; the blocked
-    # reads keep redis-py's pooled connections (workers/cluster_pipe.py).
-    return {"cluster": PipelinedClusterCalls(cluster_client(cluster_url, decode_responses=True)),
-            "raw_cluster": PipelinedClusterCalls(cluster_client(cluster_url, decode_responses=False)),
-            "job_shards": settings.job_shards}

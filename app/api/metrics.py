@@ -3,7 +3,7 @@
 Each scrape takes one snapshot of the gateway's state and, in one pipelined round trip, of the
 job queue (``XLEN`` and ``XINFO GROUPS`` on ``vx:jobs``). Of the workers it exports only how many
 this gateway sees alive (the directory's heartbeats, what ``/readyz`` counts): each worker serves
-its own figures on its own ``/metrics`` (workers/metrics.py), so a cluster-wide scrape counts
+its own figures on its own ``/metrics`` (workers/intake/metrics.py), so a cluster-wide scrape counts
 each worker once, not once per gateway. When Redis is unreachable the scrape still answers, with
 ``voxroom_redis_up 0``.
 """
@@ -11,16 +11,18 @@ each worker once, not once per gateway. When Redis is unreachable the scrape sti
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.exceptions import RedisError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.state import GatewayState
 from voxroom.runtime import metrics
 from voxroom.store import keys
+
+if TYPE_CHECKING:
+    from app.state import GatewayState
 
 log = logging.getLogger("voxroom.gateway.metrics")
 
@@ -39,15 +41,11 @@ async def snapshot(state: GatewayState) -> metrics.GatewaySnapshot:
         gateway=state.gateway_id, connections=state.connections, rooms=len(state.hub.rooms),
         slices_sent=sent, slices_dropped=dropped, client_queue_total=depth_total, client_queue_max=depth_max,
         workers=state.directory.workers)
-    # One instance: the one job stream. A cluster: the sum over the job shards, read through the
-    # routed client (the seed node holds only some of them).
-    streams = [keys.JOBS] if state.cluster is None else [keys.job_shard(k) for k in range(state.settings.job_shards)]
+    # One job stream, or a cluster's shards (summed), where the store's layout says they are.
+    streams = state.store.layout.job_streams()
     try:
-        pipe = (state.redis if state.cluster is None else state.cluster).pipeline(transaction=False)
-        for stream in streams:
-            pipe.xlen(stream)
-            pipe.xinfo_groups(stream)
-        replies = await pipe.execute(raise_on_error=False)
+        replies = await state.commands.replies(
+            [command for stream in streams for command in (("XLEN", stream), ("XINFO", "GROUPS", stream))])
     except (RedisError, OSError) as exc:
         log.debug("metrics: redis unavailable: %s", exc)
         snap.redis_up = False
@@ -56,15 +54,22 @@ async def snapshot(state: GatewayState) -> metrics.GatewaySnapshot:
     for length, groups in zip(replies[0::2], replies[1::2], strict=True):
         if isinstance(length, int):
             snap.jobs_length = (snap.jobs_length or 0) + length
-        if isinstance(groups, list):  # an error object when the stream does not exist yet
-            group: dict[str, Any] = next((g for g in groups if g.get("name") == keys.JOBS_GROUP), {})
+        if isinstance(groups, list):  # an error reply when the stream does not exist yet
+            group = next((g for g in map(_pairs, groups) if g.get("name") == keys.JOBS_GROUP), {})
             if group:
                 snap.jobs_pending = (snap.jobs_pending or 0) + int(group.get("pending") or 0)
-                lag = group.get("lag")  # Redis 7 only; None after a trim makes it unknowable
+                lag = group.get("lag")  # Redis 7 only; nil after a trim makes it unknowable
                 lags.append(int(lag) if lag is not None else None)
     if lags:
         snap.jobs_lag = None if None in lags else sum(x for x in lags if x is not None)
     return snap
+
+
+def _pairs(flat: Any) -> dict[str, Any]:
+    """One ``XINFO GROUPS`` row (RESP2: ``[name, value, ...]``) as a dict, names as text."""
+    names = [n.decode() if isinstance(n, bytes) else str(n) for n in flat[::2]]
+    values = [v.decode() if isinstance(v, bytes) else v for v in flat[1::2]]
+    return dict(zip(names, values, strict=True))
 
 
 async def metrics_endpoint(request: Request) -> Response:

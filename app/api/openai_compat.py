@@ -10,18 +10,20 @@ The official SDK parses every non-2xx body as ``{"error": {...}}`` and retries 5
 from __future__ import annotations
 
 import logging
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Match, Route
 
-from app.api.voice_search import resolve_scene
 from app.api.voices_api import api_error, json_errors, served
-from app.state import GatewayState
+from app.ingress.voice_search import resolve_scene
 from voxroom.errors import UnknownVoice
 from voxroom.voices import mix as voice_mix
 from voxroom.voices.catalog import Voice
+
+if TYPE_CHECKING:
+    from app.state import GatewayState
 
 log = logging.getLogger("voxroom.gateway.openai")
 

@@ -29,11 +29,9 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import anyio
-from redis.asyncio import Redis
-from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -51,9 +49,8 @@ from app.api.speech_formats import (
     refusal,
 )
 from app.api.speech_room import MAX_INPUT_CHARS, RoomBusy, SpeechRoom, StreamSlots, split_input
-from app.api.voice_search import resolve_scene
 from app.api.voices_api import api_error, json_errors, read_json, served
-from app.state import GatewayState
+from app.ingress.voice_search import resolve_scene
 from voxroom.errors import UnknownVoice
 from voxroom.runtime.settings import Settings
 from voxroom.store import keys
@@ -61,6 +58,9 @@ from voxroom.voices import mix as voice_mix
 from voxroom.voices.catalog import Voice
 from voxroom.wire import tokens
 from voxroom.wire.protocol import ErrorCode, ProtocolError, check_say_text, parse_scene
+
+if TYPE_CHECKING:
+    from app.state import GatewayState
 
 log = logging.getLogger("voxroom.gateway.speech")
 
@@ -222,9 +222,9 @@ async def opened(request: Request, slots: StreamSlots, speech: Speech, *, marks:
         log.warning("speech: %d streams open, refusing another", slots.active)
         return api_error(503, "too many speech requests; retry later", "busy", headers={"Retry-After": "1"})
     room = f"{keys.PRIVATE_ROOM_PREFIX}{uuid.uuid4().hex}"
-    redis: Redis | RedisCluster = state.hub.client  # a RedisCluster routes the room's few commands
     assert state.streams is not None, "the lifespan makes it"
-    reader = SpeechRoom(redis, room, state.streams, state.ingress, speech.voice.id, speech.lines, keep_marks=marks)
+    reader = SpeechRoom(state.hub.control, room, state.store.layout.room_index(room), state.streams, state.ingress,
+                        speech.voice.id, speech.lines, keep_marks=marks)
     refused: Response | None = None
     try:
         # Wait for the first audio before answering, so that a failure is a status, not an empty body.

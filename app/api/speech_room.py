@@ -22,14 +22,11 @@ from typing import Any, Final, NamedTuple
 
 import numpy as np
 from prometheus_client import Gauge
-from redis.asyncio import Redis
-from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
-from app.ingress.say_script import Ingress
 from voxroom.runtime import metrics
 from voxroom.store import keys
-from voxroom.store.stream_watcher import StreamWatcher
+from voxroom.store.interface import Commands, Ingress, StreamWatch
 from voxroom.voices.text_split import split_text
 from voxroom.wire.output_entries import control_from_entry
 from voxroom.wire.protocol import MAX_TEXT_CHARS, ROOM_RATE, AudioFrame
@@ -107,28 +104,18 @@ def split_input(text: str) -> list[str]:
     return lines
 
 
-async def cleanup(redis: Redis | RedisCluster, room: str, *, finished: bool, shards: int | None = None) -> None:
+async def cleanup(commands: Commands, room: str, *, finished: bool, index: str) -> None:
     """Delete the room's keys (``finished``) or give them :data:`ABANDONED_TTL_S` (the worker may
-    still write); either way drop it from the rooms index: ``vx:rooms``, or on a cluster
-    (``redis`` a ``RedisCluster``) its index shard among ``shards`` (the deployment's
-    ``job_shards``, as app/ingress/handoff.py indexes it; ``None``: the index is left alone, the entry
-    ages out). Logs and swallows Redis failures."""
+    still write); either way drop it from its rooms index ``index`` (``Layout.room_index``: where
+    ``say`` indexed it). Logs and swallows Redis failures."""
     names = [keys.room_output(room), keys.room_utterances(room), keys.room_seq(room), keys.room_state(room),
              keys.room_senders(room)]
-    pipe = redis.pipeline(transaction=False)
-    if finished:
-        pipe.delete(*names)
-    else:
-        for name in names:
-            pipe.expire(name, ABANDONED_TTL_S)
-    if not isinstance(redis, RedisCluster):
-        pipe.zrem(keys.ROOMS, room)
-    elif shards is not None:
-        # Another slot than the room's: redis-py's cluster pipeline sends it to that node in the
-        # same round trip (one per node) as the room's own commands.
-        pipe.zrem(keys.rooms_shard(keys.shard_of(room, shards)), room)
+    # The index may lie in another slot than the room's: a cluster's pipeline sends it to that node
+    # in the same round trip (one per node) as the room's own commands.
+    commands_: list[tuple[Any, ...]] = ([("DEL", *names)] if finished else
+                                        [("EXPIRE", name, ABANDONED_TTL_S) for name in names])
     try:
-        await pipe.execute()
+        await commands.group([*commands_, ("ZREM", index, room)])
     except (RedisError, OSError) as exc:
         log.warning("could not clean up private room %s: %s", room, exc)
 
@@ -137,9 +124,12 @@ async def cleanup(redis: Redis | RedisCluster, room: str, *, finished: bool, sha
 class SpeechRoom:
     """The private room's lines and its output stream as read so far."""
 
-    redis: Redis | RedisCluster
+    commands: Commands
+    """Bytes replies (the room's entries carry audio); the gateway's, not closed here."""
     room: str
-    watcher: StreamWatcher
+    index: str
+    """The rooms index ``say`` puts the room in (``Layout.room_index``)."""
+    watcher: StreamWatch
     """The gateway's one blocked read: a response waits there, never on a connection of its own."""
     ingress: Ingress
     voice: str
@@ -167,14 +157,9 @@ class SpeechRoom:
     def key(self) -> str:
         return keys.room_output(self.room)
 
-    @property
-    def index_shards(self) -> int | None:
-        """The deployment's index shard count on a cluster (where ``say`` indexed the room)."""
-        return self.ingress.handoff.shards if self.ingress.handoff is not None else None
-
     async def cleanup(self, *, finished: bool) -> None:
-        """:func:`cleanup` of this room, its index entry dropped from the right shard on a cluster."""
-        await cleanup(self.redis, self.room, finished=finished, shards=self.index_shards)
+        """:func:`cleanup` of this room."""
+        await cleanup(self.commands, self.room, finished=finished, index=self.index)
 
     async def top_up(self) -> None:
         """Say lines until :data:`WINDOW` wait. Raises ``RedisError``/``OSError`` or :class:`RoomBusy`."""
@@ -198,7 +183,8 @@ class SpeechRoom:
         deadline = time.monotonic() + IDLE_TIMEOUT_S
         while self.status is None:
             await self.top_up()
-            entries: Any = await self.redis.xrange(self.key, min="(" + self.cursor, count=256)
+            got: Any = await self.commands.call("XRANGE", self.key, "(" + self.cursor, "+", "COUNT", 256)
+            entries = [(entry_id, dict(zip(flat[::2], flat[1::2], strict=True))) for entry_id, flat in got or []]
             if not entries:
                 left = deadline - time.monotonic()
                 if left <= 0:

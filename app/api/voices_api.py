@@ -11,19 +11,21 @@ import functools
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from app.api.body import CLOSE, BodyRefused, read_capped
-from app.api.voice_search import SYNONYMS, index_for
-from app.state import GatewayState
+from app.ingress.voice_search import SYNONYMS, index_for
 from voxroom.voices import mix as voice_mix
 from voxroom.voices.catalog import Voice
 from voxroom.voices.languages import UnknownLanguage, normalize_language
 from voxroom.wire.protocol import ProtocolError, check_encodable, parse_scene
+
+if TYPE_CHECKING:
+    from app.state import GatewayState
 
 log = logging.getLogger("voxroom.gateway.api")
 

@@ -20,14 +20,15 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from app.fanout.entries import entry_id_str, entry_items, fields
+from app.fanout.entries import entry_items, fields
 from app.fanout.resume import ResumePoint, held_slices, stop_here, stream_id
 from voxroom.store import keys
 from voxroom.store.backoff import REDIS_DOWN, Backoff
+from voxroom.store.entry_ids import entry_id_str
 
 if TYPE_CHECKING:
+    from app.fanout.connection import ClientConnection
     from app.fanout.hub import RoomHub
-    from app.room.connection import ClientConnection
 
 log = logging.getLogger("voxroom.gateway.catchup")
 

@@ -34,10 +34,6 @@ def fields(flat: list[Any] | None) -> dict[Any, Any]:
     return dict(zip(flat[::2], flat[1::2], strict=True)) if flat else {}
 
 
-def entry_id_str(entry_id: Any) -> str:
-    return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
-
-
 def entry_items(entry: dict[bytes, bytes], codec: int, skip: int = 0) -> list[str | bytes]:
     """What a client with ``codec`` gets for one entry: one binary frame per slice of a ``chunk``
     entry (after the first ``skip``: slices it already holds), or a control message's JSON. A

@@ -18,11 +18,9 @@ import logging
 import time
 from typing import Any
 
-from redis.asyncio import Redis
-
 from voxroom.store import keys
-from voxroom.store.autopipe import AutoPipeline, Commands
 from voxroom.store.backoff import REDIS_DOWN
+from voxroom.store.interface import Commands
 from voxroom.voices import mix as voice_mix
 
 log = logging.getLogger("voxroom.gateway.directory")
@@ -32,14 +30,12 @@ REGISTRY_CUTOFF_S = 600
 
 
 class WorkerDirectory:
-    def __init__(self, redis: Redis, *, interval_s: float = 2.0, auto: Commands | None = None) -> None:
-        """``auto``: what the reads go through (closed by :meth:`aclose`); by default an
-        ``AutoPipeline`` on ``redis``. On a cluster the gateway gives its per-node autopipeline
-        (``ClusterAutoPipeline``): the registry and each heartbeat hash lie in slots of their own,
-        and one refresh's reads share a round trip per node."""
-        self.redis = redis
+    def __init__(self, auto: Commands, *, interval_s: float = 2.0) -> None:
+        """``auto``: what the reads go through (text replies; its owner closes it). On a cluster
+        the registry and each heartbeat hash lie in slots of their own: one refresh's reads share
+        a round trip per node."""
         self.interval_s = interval_s
-        self.auto: Commands = auto if auto is not None else AutoPipeline(redis)
+        self.auto = auto
         self.workers: dict[str, dict[str, str]] = {}
         self.engines: set[str] = set()
         self.voices: set[str] = set()
@@ -79,9 +75,6 @@ class WorkerDirectory:
             except REDIS_DOWN as exc:
                 log.warning("worker directory: redis unavailable: %s", exc)
             await asyncio.sleep(self.interval_s)
-
-    async def aclose(self) -> None:
-        await self.auto.aclose()
 
 
 def _text(value: Any) -> str:

@@ -11,15 +11,18 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from starlette.websockets import WebSocket
 
 from app.room.identity import SECRET, generated_id
-from app.state import GatewayState
 from voxroom.store.backoff import REDIS_DOWN
 from voxroom.wire import protocol, tokens
 from voxroom.wire.protocol import CloseCode
 from voxroom.wire.tokens import Grant, TokenError
+
+if TYPE_CHECKING:
+    from app.state import GatewayState
 
 log = logging.getLogger("voxroom.gateway.admission")
 

@@ -23,213 +23,27 @@ shows it to everyone in the room. Three sources, three namespaces that cannot me
   then finds the claim taken and leaves it be. Whoever does not hold the secret still cannot speak
   as the id.
 
-On a Redis Cluster (``redis`` a ``RedisCluster``) a script may touch one slot only: the batch
-refresh and release run one script per slot (a room's claims lie in its slot), all of one pass
-sent in one pipeline that redis-py splits by node (one round trip per node).
+The claims themselves are the store's (voxroom/store/claims.py).
 """
 
 from __future__ import annotations
 
-import asyncio
-import itertools
-import logging
 import re
-import secrets
 import uuid
-from collections.abc import Iterator
 from typing import Final
 
-from redis.asyncio import Redis
-from redis.asyncio.cluster import RedisCluster
-from redis.crc import key_slot
-
-from voxroom.store import keys
-from voxroom.store.backoff import REDIS_DOWN
+from voxroom.store.claims import CLAIM_TTL_S, CLAIM_WAIT_S, ClientClaims, claim_secret
 from voxroom.wire import tokens
 
-log = logging.getLogger("voxroom.gateway.identity")
+__all__ = ["CLAIM_TTL_S", "CLAIM_WAIT_S", "GENERATED_PREFIX", "SECRET", "ClientClaims", "claim_secret",
+           "generated_id"]
 
 GENERATED_PREFIX: Final = tokens.GENERATED_PREFIX
-CLAIM_TTL_S: Final = 15.0
-"""A claim outlives a gateway that was killed by at most this long (one stopped cleanly releases
-its claims): a client of it that reconnects elsewhere with the same id waits that long at most."""
-REFRESH_EVERY_S: Final = CLAIM_TTL_S / 3
-"""Two refreshes may fail (Redis restarting) before a live claim could expire."""
-REFRESH_BATCH: Final = 500
-CLAIM_WAIT_S: Final = 3.0
-"""How long a connection whose id is held waits for it before being refused: a client that closes
-and reconnects at once would otherwise race its old connection's release (which runs after the
-close handshake) and lose."""
-CLAIM_RETRY_S: Final = 0.1
 
 SECRET = re.compile(r"[A-Za-z0-9_-]{16,64}")
 """What a ``?claim=`` secret looks like (``secrets.token_urlsafe(18)`` makes 24 characters)."""
-
-# Take the claim when it is free, or when the caller presents the secret of the one who holds it
-# (the owner token starts with ``<secret>:``). 1: taken fresh (ARGV[1]); 2: taken over (ARGV[4]).
-_CLAIM: Final = """
-local v = redis.call('GET', KEYS[1])
-if not v then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 1
-end
-if ARGV[3] ~= '' and string.sub(v, 1, #ARGV[3] + 1) == ARGV[3] .. ':' then
-  redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[2])
-  return 2
-end
-return 0
-"""
-
-# Delete the claim only if it is still ours (it may have expired and been taken since).
-_RELEASE: Final = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-_RELEASE_MANY: Final = """
-local n = #KEYS
-for i, key in ipairs(KEYS) do
-  if redis.call('GET', key) == ARGV[i] then redis.call('DEL', key) end
-end
-return n
-"""
-# Refresh our claims; re-take one that vanished (Redis restarted empty). One someone else holds
-# now (ours expired while Redis was unreachable) is theirs: counted, not stolen back.
-_REFRESH: Final = """
-local lost = 0
-for i, key in ipairs(KEYS) do
-  local owner = redis.call('GET', key)
-  if owner == ARGV[i + 1] then
-    redis.call('PEXPIRE', key, ARGV[1])
-  elseif not owner then
-    redis.call('SET', key, ARGV[i + 1], 'PX', ARGV[1])
-  else
-    lost = lost + 1
-  end
-end
-return lost
-"""
 
 
 def generated_id() -> str:
     """A fresh id for a client that named nobody: unguessable, and in a namespace none may choose."""
     return GENERATED_PREFIX + uuid.uuid4().hex[:16]
-
-
-def claim_secret(owner: str) -> str:
-    """The secret of a claim (for the client's ``welcome``) from its owner token."""
-    return owner.split(":", 1)[0]
-
-
-class ClientClaims:
-    """This gateway's claims on self-chosen client ids, kept alive by :meth:`run`."""
-
-    def __init__(self, redis: Redis | RedisCluster, gateway_id: str, *, ttl_s: float = CLAIM_TTL_S) -> None:
-        self._redis = redis
-        self._gateway_id = gateway_id
-        self._ttl_ms = int(ttl_s * 1000)
-        self._serial = itertools.count(1)
-        self._owned: dict[str, str] = {}
-        """claim key -> owner token (gateway id and a serial: one connection's own claim)."""
-
-    def __len__(self) -> int:
-        return len(self._owned)
-
-    async def claim(self, room: str, client: str, *, secret: str | None = None,
-                    wait_s: float = CLAIM_WAIT_S) -> str | None:
-        """Claim ``client`` in ``room``: the owner token to :meth:`release` it with (it starts
-        with the claim's secret, see :func:`claim_secret`), or ``None`` when another live
-        connection still holds it after ``wait_s``. ``secret``: what the client presented
-        (``?claim=``); the holder's secret takes the claim over at once. Raises one of
-        :data:`REDIS_DOWN`."""
-        key = keys.room_client_claim(room, client)
-        serial = next(self._serial)
-        fresh = f"{secrets.token_urlsafe(18)}:{self._gateway_id}:{serial}"
-        takeover = f"{secret}:{self._gateway_id}:{serial}" if secret else ""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_s
-        while True:
-            got = int(await self._redis.eval(_CLAIM, 1, key, fresh, self._ttl_ms, secret or "", takeover))
-            if got:
-                owner = fresh if got == 1 else takeover
-                self._owned[key] = owner
-                return owner
-            if loop.time() >= deadline:
-                return None
-            await asyncio.sleep(CLAIM_RETRY_S)
-
-    async def release(self, room: str, client: str, owner: str) -> None:
-        """Give the claim back (never raises: a claim that cannot be deleted expires)."""
-        key = keys.room_client_claim(room, client)
-        if self._owned.get(key) == owner:
-            del self._owned[key]
-        try:
-            await self._redis.eval(_RELEASE, 1, key, owner)
-        except REDIS_DOWN as exc:
-            log.debug("claim %s not released (it expires in %d ms): %s", key, self._ttl_ms, exc)
-
-    async def release_all(self) -> None:
-        """Give back every claim this gateway holds (shutdown: its clients reconnect elsewhere at
-        once, with the same ids). Never raises."""
-        owned, self._owned = list(self._owned.items()), {}
-        if isinstance(self._redis, RedisCluster):
-            try:
-                await self._per_slot(self._redis, owned, _RELEASE_MANY, ())
-            except REDIS_DOWN as exc:
-                log.warning("%d client id claims not released (they expire in %d ms): %s", len(owned),
-                            self._ttl_ms, exc)
-            return
-        for start in range(0, len(owned), REFRESH_BATCH):
-            batch = owned[start:start + REFRESH_BATCH]
-            try:
-                await self._redis.eval(_RELEASE_MANY, len(batch), *(k for k, _ in batch), *(o for _, o in batch))
-            except REDIS_DOWN as exc:
-                log.warning("%d client id claims not released (they expire in %d ms): %s", len(batch),
-                            self._ttl_ms, exc)
-                return
-
-    async def refresh(self) -> int:
-        """Extend every live claim once; how many were found taken by someone else."""
-        lost = 0
-        items = list(self._owned.items())
-        if isinstance(self._redis, RedisCluster):
-            return sum(await self._per_slot(self._redis, items, _REFRESH, (self._ttl_ms,)))
-        for start in range(0, len(items), REFRESH_BATCH):
-            batch = items[start:start + REFRESH_BATCH]
-            lost += int(await self._redis.eval(
-                _REFRESH, len(batch), *(k for k, _ in batch), self._ttl_ms, *(o for _, o in batch)))
-        return lost
-
-    @staticmethod
-    async def _per_slot(cluster: RedisCluster, items: list[tuple[str, str]], script: str,
-                        first: tuple[int, ...]) -> list[int]:
-        """``script`` once per slot over that slot's ``(key, owner)`` items (``ARGV``: ``first``
-        then the owners), in one cluster pipeline; each script's reply. Raises the first error."""
-        if not items:
-            return []
-        pipe = cluster.pipeline()
-        for batch in _by_slot(items):
-            pipe.execute_command("EVAL", script, len(batch), *(k for k, _ in batch), *first,
-                                 *(o for _, o in batch))
-        return [int(reply) for reply in await pipe.execute()]
-
-    async def run(self) -> None:
-        """Refresh every :data:`REFRESH_EVERY_S` until cancelled. Redis being away is waited out."""
-        while True:
-            await asyncio.sleep(REFRESH_EVERY_S)
-            try:
-                lost = await self.refresh()
-            except REDIS_DOWN as exc:
-                log.warning("client id claims not refreshed, redis unavailable: %s", exc)
-                continue
-            if lost:
-                log.warning("%d client id claims expired while redis was unreachable and were taken", lost)
-
-
-def _by_slot(items: list[tuple[str, str]]) -> Iterator[list[tuple[str, str]]]:
-    """``items`` in batches of one slot each, at most :data:`REFRESH_BATCH` long."""
-    slots: dict[int, list[tuple[str, str]]] = {}
-    for item in items:
-        slots.setdefault(key_slot(item[0].encode()), []).append(item)
-    for batch in slots.values():
-        for start in range(0, len(batch), REFRESH_BATCH):
-            yield batch[start:start + REFRESH_BATCH]

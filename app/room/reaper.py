@@ -12,8 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import TYPE_CHECKING
 
-from app.state import GatewayState
+if TYPE_CHECKING:
+    from app.state import GatewayState
+
 
 log = logging.getLogger("voxroom.gateway.reaper")
 

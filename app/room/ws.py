@@ -11,24 +11,26 @@ import asyncio
 import contextlib
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from app.api.voice_search import resolve_scene
+from app.fanout.connection import ClientConnection
 from app.fanout.hub import ResumeRefused
 from app.fanout.resume import ResumePoint, parse
+from app.fanout.transport import limit_send_buffer
+from app.ingress.say import store_line
 from app.room.admission import Refused, admit, claim_identity, record_flood, release_identity
-from app.room.connection import ClientConnection
 from app.room.identity import claim_secret
 from app.room.ratelimit import TokenBucket
-from app.room.transport import limit_send_buffer
-from app.state import GatewayState
-from voxroom.errors import NotReplicated, UnknownVoice
 from voxroom.runtime import metrics
 from voxroom.store.backoff import REDIS_DOWN
 from voxroom.wire import protocol
 from voxroom.wire.protocol import CloseCode, ErrorCode, ProtocolError
 from voxroom.wire.tokens import Grant
+
+if TYPE_CHECKING:
+    from app.state import GatewayState
 
 log = logging.getLogger("voxroom.gateway.ws")
 
@@ -207,42 +209,7 @@ async def _handle(msg: protocol.ClientMessage, conn: ClientConnection, state: Ga
     if wait_s:
         raise ProtocolError(ErrorCode.RATE_LIMITED, "too many lines; slow down", seq=msg.seq,
                             retry_after_ms=int(wait_s * 1000) + 1)
-    try:
-        voice = (resolve_scene(state.catalog, msg.scene, lambda v: state.directory.serves(v.id))
-                 if msg.scene is not None else state.catalog.get(msg.voice))
-    except UnknownVoice as exc:
-        raise ProtocolError(ErrorCode.UNKNOWN_VOICE, str(exc), seq=msg.seq) from None
-    if not state.directory.serves(voice.id):
-        raise ProtocolError(ErrorCode.UNKNOWN_VOICE,
-                            f"voice {voice.id!r} needs engine {voice.engine!r}, which no worker runs", seq=msg.seq)
-    try:
-        outcome = await state.ingress.say(conn.room, conn.client_id, msg.seq, msg.text, voice.id,
-                                           lexicon=msg.lexicon)
-    except NotReplicated as exc:
-        # The line is in the primary (it will be spoken) but WAIT did not confirm the replicas:
-        # not "accepted", as a failover now could lose it. Before REDIS_DOWN, which it is also
-        # part of, so the log does not say "not stored". The client resends the same seq; the
-        # dedupe answers it duplicate once the replicas confirm.
-        log.warning("say in room %s stored in the primary, not confirmed by the replicas: %s", conn.room, exc)
-        raise ProtocolError(ErrorCode.UNAVAILABLE, "storage unavailable; resend later", seq=msg.seq,
-                            retry_after_ms=1000) from None
-    except REDIS_DOWN as exc:
-        # Redis is restarting, loading, out of memory or unreachable: nothing was written, the
-        # client may resend the same seq (dedupe makes that safe) once it is back.
-        log.warning("say in room %s not stored, redis unavailable: %s", conn.room, exc)
-        raise ProtocolError(ErrorCode.UNAVAILABLE, "storage unavailable; resend later", seq=msg.seq,
-                            retry_after_ms=1000) from None
-    if outcome.status == "accepted":
-        metrics.FIRST_AUDIO.accepted(conn.room, outcome.utterance)
-        conn.send_text(protocol.encode_server_message(
-            {"type": "accepted", "seq": msg.seq, "utterance": outcome.utterance}))
-    elif outcome.status == "duplicate":
-        raise ProtocolError(ErrorCode.DUPLICATE,
-                            f"seq {msg.seq} already accepted (last {outcome.utterance}); ignored", seq=msg.seq)
-    else:
-        backlog = outcome.utterance
-        raise ProtocolError(ErrorCode.BUSY, f"room has {backlog} utterances waiting; retry later",
-                            seq=msg.seq, retry_after_ms=500 + 250 * backlog)
+    await store_line(msg, conn, state)
 
 
 async def _resume_message(msg: protocol.Resume, conn: ClientConnection, state: GatewayState,

@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from tests.conftest import Stack
-from tests.security.clients import connect, next_json, refusal, ws_url
 from tests.support.processes import Proc, start_gateway
+from tests.support.ws_clients import connect, next_json, refusal, ws_url
 from voxroom.wire.protocol import CloseCode
 
 GAME = "https://game.example"

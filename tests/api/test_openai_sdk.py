@@ -9,8 +9,8 @@ import pytest
 
 from app.api.openai_compat import MODELS
 from tests.api.test_speech_api import decode
-from tests.audio_analysis import is_speech_like
 from tests.conftest import Stack
+from tests.support.audio import is_speech_like
 from tests.support.processes import start_gateway
 from voxroom.wire.protocol import ROOM_RATE
 

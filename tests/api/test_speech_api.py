@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from redis.asyncio import Redis
 
-from tests.audio_analysis import is_speech_like, voiced_duration_s
 from tests.conftest import Stack
+from tests.support.audio import is_speech_like, voiced_duration_s
 from tests.support.processes import start_gateway
 from voxroom.store import keys
 from voxroom.wire import tokens

@@ -12,8 +12,8 @@ import httpx
 import numpy as np
 import soundfile
 
-from tests.audio_analysis import is_speech_like
 from tests.conftest import Stack
+from tests.support.audio import is_speech_like
 from tests.support.processes import start_gateway
 from voxroom.wire.protocol import ROOM_RATE
 

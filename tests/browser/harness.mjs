@@ -118,7 +118,7 @@ export async function launchBrowser() {
 }
 
 /**
- * The shipped nginx with TLS on (tests/ops/tls_edge.py: a throwaway CA and server certificate, the
+ * The shipped nginx with TLS on (tests/support/tls_edge.py: a throwaway CA and server certificate, the
  * templates as docker-compose.tls.yml lays them out) in front of `gateways` (two `127.0.0.1` ports;
  * the same one twice for a single `voxroom serve`). nginx needs no gateway up to start.
  * @param {number[]} gateways
@@ -127,7 +127,7 @@ export async function launchBrowser() {
 export async function startTlsEdge(gateways) {
   const python = process.env.VOXROOM_PYTHON ?? join(ROOT, '.venv/bin/python');
   const dir = mkdtempSync(join(tmpdir(), 'voxroom-tls-'));
-  const args = ['-m', 'tests.ops.tls_edge', '--dir', dir, ...gateways.flatMap((p) => ['--gateway', `127.0.0.1:${p}`])];
+  const args = ['-m', 'tests.support.tls_edge', '--dir', dir, ...gateways.flatMap((p) => ['--gateway', `127.0.0.1:${p}`])];
   // stdin stays open: closing it stops nginx (and so does our exit, which closes it).
   const child = spawn(python, args, { cwd: ROOT, stdio: ['pipe', 'pipe', 'pipe'] });
   let output = '';

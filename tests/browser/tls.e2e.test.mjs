@@ -35,7 +35,7 @@ after(async () => {
 });
 
 /**
- * nginx's access log entries for `path` on its TLS port (tests/ops/tls_edge.py's ACCESS_FORMAT:
+ * nginx's access log entries for `path` on its TLS port (tests/support/tls_edge.py's ACCESS_FORMAT:
  * connection, port, protocol, method, uri, status, TLS version), once there are `count`.
  * @param {string} path @param {number} count
  */

@@ -9,6 +9,7 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from tests.support.stores import Stores
 from voxroom.store import keys
 from voxroom.voices.catalog import Voice
 from voxroom.wire.protocol import SLICE_SAMPLES
@@ -44,16 +45,16 @@ def test_the_fingerprint_covers_what_changes_the_audio_and_ignores_what_does_not
     assert normalise_text("e\u0301 ") == "\u00e9"  # NFC
 
 
-async def test_put_then_get_round_trips_and_the_lru_answers_without_redis(redis_url: str) -> None:
+async def test_put_then_get_round_trips_and_the_lru_answers_without_redis(redis_url: str, stores: Stores) -> None:
     redis = Redis.from_url(redis_url)
     try:
-        cache = AudioCache(redis, slots=64, lru_entries=4)
+        cache = AudioCache(*await stores.cache_pipes(redis), slots=64, lru_entries=4)
         fp = _fp(f"line {uuid.uuid4()}")
         assert await cache.get(fp) is None
         pcm = _pcm(5, 1)
         assert await cache.put(fp, pcm)
         assert await redis.ttl(cache.slot_key(fp)) > 0
-        fresh = AudioCache(redis, slots=64, lru_entries=4)  # another worker: only Redis knows the line
+        fresh = AudioCache(*await stores.cache_pipes(redis), slots=64, lru_entries=4)  # another worker: only Redis knows the line
         assert await fresh.get(fp) == CachedLine(pcm)
         assert await fresh.get(fp) == CachedLine(pcm)
         assert (fresh.stats.hits, fresh.stats.lru_hits, fresh.stats.misses) == (2, 1, 0)
@@ -65,16 +66,16 @@ async def test_put_then_get_round_trips_and_the_lru_answers_without_redis(redis_
         marked = _fp(f"marked {uuid.uuid4()}")
         words = (WordMark("Night", 0, 5, 12.5, 301.25), WordMark("狼", 6, 1, 301.25, 520.0))
         assert await cache.put(marked, pcm, words)
-        assert await AudioCache(redis, slots=64, lru_entries=0).get(marked) == CachedLine(pcm, words)
+        assert await AudioCache(*await stores.cache_pipes(redis), slots=64, lru_entries=0).get(marked) == CachedLine(pcm, words)
         assert set(fresh.stats.fields()) >= {"cache.hits", "cache.misses", "cache.bytes_served"}
     finally:
         await redis.aclose()
 
 
-async def test_the_key_space_is_bounded_a_slot_holds_one_line_and_long_lines_are_not_cached(redis_url: str) -> None:
+async def test_the_key_space_is_bounded_a_slot_holds_one_line_and_long_lines_are_not_cached(redis_url: str, stores: Stores) -> None:
     redis = Redis.from_url(redis_url)
     try:
-        cache = AudioCache(redis, slots=1, entry_max_bytes=4 * SLICE_BYTES, lru_entries=0)
+        cache = AudioCache(*await stores.cache_pipes(redis), slots=1, entry_max_bytes=4 * SLICE_BYTES, lru_entries=0)
         first, second = _fp(f"a {uuid.uuid4()}"), _fp(f"b {uuid.uuid4()}")
         assert cache.slot_key(first) == cache.slot_key(second) == keys.cache_slot(0)
         assert await cache.put(first, _pcm(2, 2))
@@ -89,11 +90,11 @@ async def test_the_key_space_is_bounded_a_slot_holds_one_line_and_long_lines_are
         await redis.aclose()
 
 
-async def test_an_unreachable_redis_is_a_miss_and_a_dropped_store() -> None:
+async def test_an_unreachable_redis_is_a_miss_and_a_dropped_store(stores: Stores) -> None:
     # Nothing listens on port 1; no retries, so that the test takes no time.
     redis = Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
     try:
-        cache = AudioCache(redis, slots=8, lru_entries=0)
+        cache = AudioCache(*await stores.cache_pipes(redis), slots=8, lru_entries=0)
         fp = _fp("anything")
         assert await cache.get(fp) is None
         assert not await cache.put(fp, _pcm(1, 5))

@@ -63,7 +63,7 @@ async def test_a_repeated_line_is_served_from_the_cache_identical_and_without_th
 
 
 async def test_hits_and_bytes_are_in_the_workers_metrics(stack: Stack, room: str) -> None:
-    """On the worker's own ``/metrics`` (workers/metrics.py), found through its heartbeat."""
+    """On the worker's own ``/metrics`` (workers/intake/metrics.py), found through its heartbeat."""
     text = f"The hunter takes aim {random.randint(1000, 9999)} times."
     async with RoomClient(stack.port, room) as client:
         for _ in range(2):

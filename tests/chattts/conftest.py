@@ -81,5 +81,5 @@ def never() -> threading.Event:
 
 
 def joins(lengths: list[int]) -> list[int]:
-    """Index of the last sample before each join (what ``tests.audio_analysis.max_jump(at=...)`` takes)."""
+    """Index of the last sample before each join (what ``tests.support.audio.max_jump(at=...)`` takes)."""
     return [int(p) - 1 for p in np.cumsum(lengths)[:-1]]

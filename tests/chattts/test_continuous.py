@@ -303,9 +303,9 @@ async def test_a_context_cut_at_max_utterance_stops_the_rows_gpt_steps(tiny_dir:
 
     from tests.chattts.conftest import VOICES
     from voxroom.voices.catalog import Catalog
-    from workers.intake.job import Job as LineJob
-    from workers.intake.job import SliceBuffer, Utterance
+    from voxroom.wire.jobs import Job as LineJob
     from workers.pool.context import Context
+    from workers.utterance import SliceBuffer, Utterance
 
     engine = make_engine(tiny_dir, temperature=0.0, fade_ms=0.0, continuous=True, min_new_tokens=80,
                          max_new_tokens=80)

@@ -8,7 +8,7 @@ in the order of what happened, never in milliseconds."""
 from __future__ import annotations
 
 import asyncio
-import time
+import functools
 from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,10 +16,14 @@ from typing import Any
 import pytest
 
 from tests.chattts.conftest import VOICES, make_engine
+from tests.support import waiting
 from voxroom.voices.catalog import Catalog
-from workers.intake.job import Job, SliceBuffer, Utterance
+from voxroom.wire.jobs import Job
 from workers.pool import continuous_rows as rows
 from workers.pool.pool import ContextPool
+from workers.utterance import SliceBuffer, Utterance
+
+until = functools.partial(waiting.until, timeout=120.0, every=0.02)
 
 pytestmark = pytest.mark.chattts
 
@@ -77,12 +81,6 @@ class Recorder:
     def happened(self, what: str, line: str) -> bool:
         return (what, line) in self.events
 
-
-async def until(done: Callable[[], bool], what: Callable[[], str], timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < deadline, what()
-        await asyncio.sleep(0.02)
 
 
 async def test_rooms_speaking_after_a_flood_join_the_batch_before_its_next_lines(tiny_dir: Path) -> None:

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.audio_analysis import CLICK_RATIO, max_jump
 from tests.chattts.conftest import VOICES, collect, joins, never, request
+from tests.support.audio import CLICK_RATIO, max_jump
 from voxroom.errors import EngineError
 from workers.engines.base import BatchEngine
 from workers.engines.chattts import ChatTTSEngine
@@ -109,7 +109,7 @@ def test_short_utterance_still_ends_on_the_new_voice(engine: ChatTTSEngine) -> N
 
 
 def test_no_clicks_at_chunk_piece_and_voice_boundaries(engine: ChatTTSEngine) -> None:
-    """Threshold: tests.audio_analysis.CLICK_RATIO (12): the step at a join over the RMS of the steps
+    """Threshold: tests.support.audio.CLICK_RATIO (12): the step at a join over the RMS of the steps
     within 5 ms around it (white noise ~4.5, a dropout 15-21). Every join is checked: streamed chunk
     joins (crossfaded), piece joins and the A->B voice steps (80 ms fades)."""
     (audio,), (lengths,) = collect(

@@ -14,15 +14,16 @@ import pytest
 import torch
 from redis.asyncio import Redis
 
-from app.ingress.say_script import Ingress
 from tests.chattts.conftest import VOICES, collect, make_engine, never, request
+from tests.support.stores import Stores
 from voxroom.store import keys
 from voxroom.voices.catalog import Catalog
+from voxroom.wire.jobs import Job
 from workers.engines.base import SynthesisRequest
 from workers.engines.chattts import ChatTTSEngine
 from workers.engines.chattts.speakers import interpolate
 from workers.engines.wrappers import wrap
-from workers.intake.job import Job, switch_of
+from workers.utterance import switch_of
 
 CATALOG = Catalog(list(VOICES.values()), "a")
 LINE = "Good evening."
@@ -30,10 +31,10 @@ LINE = "Good evening."
 can carry the switch further."""
 
 
-async def _requests(redis_url: str, room: str, voices: list[str], switch_lines: int) -> list[SynthesisRequest]:
+async def _requests(redis_url: str, room: str, voices: list[str], switch_lines: int, stores: Stores) -> list[SynthesisRequest]:
     """What the worker builds for each line the room says (workers/pool/context.py ``_request``)."""
     r = Redis.from_url(redis_url, decode_responses=True)
-    ingress = Ingress(r, switch_lines=switch_lines)
+    ingress = await stores.ingress(r, switch_lines=switch_lines)
     try:
         for n, voice in enumerate(voices, start=1):
             assert (await ingress.say(room, "amy", n, LINE, voice)).status == "accepted"
@@ -74,8 +75,8 @@ def _speak(engine: ChatTTSEngine, req: SynthesisRequest) -> np.ndarray:
 
 
 async def test_one_piece_lines_step_from_a_to_b_across_the_lines(greedy: ChatTTSEngine, redis_url: str,
-                                                                 room: str) -> None:
-    reqs = await _requests(redis_url, room, ["a", "b", "b", "b", "b"], switch_lines=3)
+                                                                 room: str, stores: Stores) -> None:
+    reqs = await _requests(redis_url, room, ["a", "b", "b", "b", "b"], switch_lines=3, stores=stores)
     a, b = greedy.embedding(VOICES["a"]), greedy.embedding(VOICES["b"])
     audio = []
     with speaker_inputs(greedy) as seen:

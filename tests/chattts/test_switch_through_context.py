@@ -11,19 +11,20 @@ from typing import Any, cast
 import torch
 from redis.asyncio import Redis
 
-from app.ingress.say_script import Ingress
 from tests.chattts.conftest import VOICES, make_engine
+from tests.support.stores import Stores
 from voxroom.store import keys
 from voxroom.voices.catalog import Catalog
+from voxroom.wire.jobs import Job
 from workers.engines.chattts.speakers import interpolate
-from workers.intake.job import Job, SliceBuffer, Utterance
 from workers.pool.context import Context
+from workers.utterance import SliceBuffer, Utterance
 
 
 async def test_a_context_speaks_a_switch_over_the_rooms_next_lines(tiny_dir: Path, redis_url: str,
-                                                                   room: str) -> None:
+                                                                   room: str, stores: Stores) -> None:
     r = Redis.from_url(redis_url, decode_responses=True)
-    ingress = Ingress(r, switch_lines=3)
+    ingress = await stores.ingress(r, switch_lines=3)
     try:
         for n, voice in enumerate(["a", "b", "b", "b", "b"], start=1):
             assert (await ingress.say(room, "amy", n, "Good evening.", voice)).status == "accepted"

@@ -21,8 +21,8 @@ import psutil
 import pytest
 import redis
 
-from tests.cluster.conftest import RedisClusterProcs
 from tests.cluster.test_cluster_reads import _hub, _listener, _pipe, _received, _rooms_on_every_primary, _wait_for
+from tests.support.cluster import RedisClusterProcs
 from tests.support.heard import assert_heard_whole_once_in_order
 from tests.support.processes import Proc, start_gateway, start_worker
 from tests.support.room_client import RoomClient
@@ -99,9 +99,8 @@ async def test_a_gateway_with_24_rooms_holds_a_few_connections_per_node(
 async def test_a_bell_rung_before_the_subscribe_is_covered_by_the_read_after_it(
         redis_cluster: RedisClusterProcs) -> None:
     room = _rooms_on_every_primary(redis_cluster, per_node=1)[0]
-    async with _hub(redis_cluster.url) as (hub, _client), _pipe(redis_cluster.url) as pipe:
-        assert hub.fanout is not None
-        hub.fanout.sweep_s = 3600.0  # no sweep: only a bell or the read after the subscribe reads
+    async with _hub(redis_cluster.url) as (hub, fanout), _pipe(redis_cluster.url) as pipe:
+        fanout.sweep_s = 3600.0  # no sweep: only a bell or the read after the subscribe reads
         listener = _listener(room)
         await hub.join(listener)
         # Joined (its cursor is the tail), not subscribed yet: the subscriber connection opens
@@ -116,7 +115,7 @@ async def test_a_bell_rung_before_the_subscribe_is_covered_by_the_read_after_it(
         assert receivers == 1
         await _wait_for("the late entry", lambda: _received(listener) == [b"early", b"late"])
         await hub.leave(listener)
-        assert hub.fanout.bells.held() == 0 and not hub.fanout._reading  # nothing kept for the room
+        assert fanout.bells.held() == 0 and not fanout._reading  # nothing kept for the room
 
 
 def test_the_bell_channel_is_the_output_key_with_bell_for_out() -> None:

@@ -21,15 +21,14 @@ import numpy as np
 import pytest
 from redis.cluster import RedisCluster
 
-from tests.cluster.conftest import RedisClusterProcs
+from tests.support.cluster import RedisClusterProcs
 from tests.support.processes import Proc, start_gateway, start_worker
 from tests.support.room_client import RoomClient
+from tests.support.stores import Stores
 from voxroom.runtime.settings import Settings
 from voxroom.store import keys
-from voxroom.store.clients import cluster_client
 from voxroom.wire.protocol import ROOM_RATE, SLICE_SAMPLES
 from workers.audio_cache.cache import AudioCache, CachedLine
-from workers.cluster_pipe import PipelinedClusterCalls
 
 COUNTERS = ("hits", "misses", "stores", "errors")
 
@@ -107,7 +106,7 @@ async def _said(client: RoomClient, text: str) -> np.ndarray[Any, np.dtype[np.in
 
 
 async def test_a_line_said_again_in_rooms_on_two_primaries_is_synthesized_once(
-        cache_stack: CacheStack, redis_cluster: RedisClusterProcs) -> None:
+        cache_stack: CacheStack, redis_cluster: RedisClusterProcs, stores: Stores) -> None:
     here, there = _two_rooms_on_different_primaries(redis_cluster)
     text = f"The wolves gather at the edge of the village {uuid.uuid4().hex[:8]}."
     # Jobs other tests left on the shared shards may still be spoken by these workers: count
@@ -130,12 +129,12 @@ async def test_a_line_said_again_in_rooms_on_two_primaries_is_synthesized_once(
         assert "MOVED" not in log and "CROSSSLOT" not in log, log[-2000:]
 
 
-async def test_cache_entries_spread_over_every_primary(redis_cluster: RedisClusterProcs) -> None:
+async def test_cache_entries_spread_over_every_primary(redis_cluster: RedisClusterProcs, stores: Stores) -> None:
     """What a cluster worker's cache does (workers/launch.py's routed bytes calls), in process."""
     slots = Settings().cache_slots
-    calls = PipelinedClusterCalls(cluster_client(redis_cluster.url, decode_responses=False))
+    store = await stores.open(redis_cluster.url)
     try:
-        cache = AudioCache(calls, slots=slots, lru_entries=0)
+        cache = AudioCache(store.commands(decode=False), store.commands(decode=False), slots=slots, lru_entries=0)
         rng = np.random.default_rng(7)
         lines = {}
         for n in range(30):
@@ -146,14 +145,16 @@ async def test_cache_entries_spread_over_every_primary(redis_cluster: RedisClust
         stored = await asyncio.gather(*(cache.put(fp, pcm) for fp, pcm in lines.items()))
         assert all(stored) and cache.stats.errors == 0
         # Lookups of one loop turn share round trips: read back through a fresh cache (no LRU).
-        fresh = AudioCache(calls, slots=slots, lru_entries=0)
+        fresh = AudioCache(lookups := store.commands(decode=False), store.commands(decode=False), slots=slots,
+                           lru_entries=0)
         got = await asyncio.gather(*(fresh.get(fp) for fp in lines))
         assert got == [CachedLine(pcm) for pcm in lines.values()]
         assert (fresh.stats.hits, fresh.stats.misses) == (len(lines), 0)
-        assert calls.auto.batches_sent < 2 * len(lines)  # stores and lookups batched per node
+        assert lookups.batches_sent < len(lines)  # lookups batched per node
         slot_keys = {cache.slot_key(fp) for fp in lines}
     finally:
-        await calls.aclose()
+        await cache.aclose()
+        await fresh.aclose()
     holders: dict[int, int] = {}
     for node in redis_cluster.primaries():
         with node.client() as direct:  # a plain connection: the node answers for its own slots only

@@ -13,22 +13,25 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 import redis
 
-from app.ingress.handoff import HandOff, Line, RoomMark
-from app.ingress.say_script import Ingress
-from app.ingress.sweeper import Sweeper
-from tests.cluster.conftest import RedisClusterProcs
-from voxroom.store import clients as redis_client
+from tests.support.cluster import RedisClusterProcs
+from tests.support.stores import Stores
+from voxroom.errors import OwnershipLost
 from voxroom.store import keys
 from voxroom.store.clients import cluster_client
 from voxroom.store.cluster.calls import ClusterCalls
-from workers.bus import OwnershipLost, WorkerBus
-from workers.intake.job import Job
+from voxroom.store.cluster.ingress import ClusterIngress, Line, RoomMark
+from voxroom.store.cluster.pipeline import ClusterAutoPipeline
+from voxroom.store.cluster.sweeper import Sweeper
+from voxroom.store.interface import IngressOptions
+from voxroom.store.jobs import FencedJobBus
+from voxroom.store.single.store import SingleStore
+from voxroom.wire.jobs import Job
 
 SHARDS = 12
 LINES = 4
@@ -42,13 +45,25 @@ async def calls(redis_cluster: RedisClusterProcs) -> AsyncIterator[ClusterCalls]
 
 
 @pytest.fixture
-async def ingress(redis_cluster: RedisClusterProcs, calls: ClusterCalls) -> AsyncIterator[Ingress]:
-    # The plain client is never used on a cluster (every command goes through the hand-off).
-    plain = redis_client.from_url(redis_cluster.url, decode_responses=True)
-    ing = Ingress(plain, handoff=HandOff(calls, shards=SHARDS), switch_lines=1)
-    yield ing
-    await ing.aclose()
-    await plain.aclose()
+async def ingress(redis_cluster: RedisClusterProcs, stores: Stores) -> ClusterIngress:
+    ing = await stores.ingress(redis_cluster.url, job_shards=SHARDS, switch_lines=1)
+    assert isinstance(ing, ClusterIngress)
+    return ing
+
+
+@pytest.fixture
+async def handoffs(calls: ClusterCalls) -> AsyncIterator[Callable[[], ClusterIngress]]:
+    """Hand-offs of gateways of their own (each its own per-node pipeline), closed at the end."""
+    made: list[ClusterIngress] = []
+
+    def make() -> ClusterIngress:
+        made.append(ClusterIngress(ClusterAutoPipeline(calls.cluster, reads=calls.reads), IngressOptions(),
+                                   shards=SHARDS))
+        return made[-1]
+
+    yield make
+    for handoff in made:
+        await handoff.aclose()
 
 
 def new_rooms(prefix: str, n: int) -> list[str]:
@@ -98,10 +113,10 @@ def assert_once_in_order(found: dict[str, list[tuple[int, int, str]]], lines: in
         assert {shard for shard, _, _ in jobs} == {keys.shard_of(room, SHARDS)}, (room, jobs)
 
 
-async def accept_only(handoff: HandOff, room: str, seq: int) -> tuple[RoomMark, Line]:
+async def accept_only(handoff: ClusterIngress, room: str, seq: int) -> tuple[RoomMark, Line]:
     """Step 1 alone: the line is accepted in its room, and the gateway "dies" before handing it."""
     now_ms = int(time.time() * 1000)
-    outcome, mark, line = await handoff.say(room, [
+    outcome, mark, line = await handoff.accept(room, [
         "alice", seq, f"{room} line {seq}", "narrator", now_ms, 1000, 100_000, room, 16, 3600, 0, 64, 1, ""])
     assert outcome.status == "accepted" and outcome.utterance == seq
     assert mark is not None and line is not None
@@ -109,7 +124,7 @@ async def accept_only(handoff: HandOff, room: str, seq: int) -> tuple[RoomMark, 
 
 
 async def test_lines_in_rooms_on_every_primary_are_handed_once_in_order(
-        redis_cluster: RedisClusterProcs, calls: ClusterCalls, ingress: Ingress) -> None:
+        redis_cluster: RedisClusterProcs, calls: ClusterCalls, ingress: ClusterIngress) -> None:
     rooms = new_rooms("spread", 24)
     assert {primary_of(redis_cluster, keys.room_state(r)) for r in rooms} == {
         n.port for n in redis_cluster.primaries()}
@@ -136,8 +151,8 @@ async def test_lines_in_rooms_on_every_primary_are_handed_once_in_order(
         assert await calls.call("EXISTS", keys.JOBS) == 0  # no global job stream on a cluster
 
 
-async def test_a_hand_off_repeated_adds_each_line_once(calls: ClusterCalls) -> None:
-    handoff = HandOff(calls, shards=SHARDS)
+async def test_a_hand_off_repeated_adds_each_line_once(calls: ClusterCalls, handoffs: Callable[[], ClusterIngress]) -> None:
+    handoff = handoffs()
     rooms = new_rooms("again", 6)
     for room in rooms:
         for seq in range(1, LINES + 1):
@@ -152,8 +167,8 @@ async def test_a_hand_off_repeated_adds_each_line_once(calls: ClusterCalls) -> N
     assert_once_in_order(await jobs_of(calls, rooms), LINES)
 
 
-async def test_lines_whose_hand_off_was_lost_are_handed_by_the_sweeper(calls: ClusterCalls) -> None:
-    handoff = HandOff(calls, shards=SHARDS)
+async def test_lines_whose_hand_off_was_lost_are_handed_by_the_sweeper(calls: ClusterCalls, handoffs: Callable[[], ClusterIngress]) -> None:
+    handoff = handoffs()
     rooms = new_rooms("crash", 12)
     for room in rooms:
         for seq in range(1, LINES + 1):
@@ -161,10 +176,10 @@ async def test_lines_whose_hand_off_was_lost_are_handed_by_the_sweeper(calls: Cl
     assert all(not jobs for jobs in (await jobs_of(calls, rooms)).values())
 
     # Two gateways' sweepers at once: the room's lease and the shard's mark keep each line once.
-    a = Sweeper(HandOff(calls, shards=SHARDS), "gw-a")
-    b = Sweeper(HandOff(calls, shards=SHARDS), "gw-b")
+    a = Sweeper(handoffs(), "gw-a")
+    b = Sweeper(handoffs(), "gw-b")
     await asyncio.gather(a.sweep_once(grace_ms=0), b.sweep_once(grace_ms=0))
-    assert a.handoff.handed + b.handoff.handed == len(rooms) * LINES
+    assert a.ingress.handed + b.ingress.handed == len(rooms) * LINES
     assert_once_in_order(await jobs_of(calls, rooms), LINES)
     assert await a.sweep_once(grace_ms=0) == 0  # nothing is behind any more
     for room in rooms:
@@ -172,20 +187,19 @@ async def test_lines_whose_hand_off_was_lost_are_handed_by_the_sweeper(calls: Cl
         assert await calls.call("EXISTS", keys.room_sweep_lease(room)) == 0
 
 
-async def test_young_lines_are_left_to_the_gateway_accepting_them(calls: ClusterCalls) -> None:
-    handoff = HandOff(calls, shards=SHARDS)
+async def test_young_lines_are_left_to_the_gateway_accepting_them(calls: ClusterCalls, handoffs: Callable[[], ClusterIngress]) -> None:
+    handoff = handoffs()
     [room] = new_rooms("young", 1)
     await accept_only(handoff, room, 1)
     assert await Sweeper(handoff, "gw-a", grace_ms=60_000).sweep_once() == 0
     assert (await jobs_of(calls, [room]))[room] == []
 
 
-async def test_the_next_line_hands_a_lost_line_first(calls: ClusterCalls, ingress: Ingress) -> None:
-    assert ingress.handoff is not None
+async def test_the_next_line_hands_a_lost_line_first(calls: ClusterCalls, ingress: ClusterIngress) -> None:
     rooms = new_rooms("gap", 6)
     for room in rooms:
-        await accept_only(ingress.handoff, room, 1)
-        await accept_only(ingress.handoff, room, 2)
+        await accept_only(ingress, room, 1)
+        await accept_only(ingress, room, 2)
         for seq in (3, 4):
             assert (await ingress.say(room, "alice", seq, f"{room} line {seq}", "narrator")).status == "accepted"
     assert_once_in_order(await jobs_of(calls, rooms), LINES)
@@ -195,30 +209,23 @@ async def test_the_next_line_hands_a_lost_line_first(calls: ClusterCalls, ingres
 
 
 @pytest.fixture
-async def buses(redis_cluster: RedisClusterProcs) -> AsyncIterator[list[WorkerBus]]:
+async def buses(redis_cluster: RedisClusterProcs, stores: Stores) -> list[FencedJobBus]:
     made = []
     for name in ("worker-a", "worker-b"):
-        plain = redis_client.from_url(redis_cluster.url, decode_responses=True)
-        bus = WorkerBus(plain, f"{name}-{uuid.uuid4().hex[:4]}", job_shards=SHARDS,
-                        cluster=ClusterCalls(cluster_client(redis_cluster.url, decode_responses=True)),
-                        raw_cluster=ClusterCalls(cluster_client(redis_cluster.url, decode_responses=False)))
+        bus = await stores.bus(redis_cluster.url, f"{name}-{uuid.uuid4().hex[:4]}", job_shards=SHARDS)
         await bus.ensure_group()
         made.append(bus)
-    yield made
-    for bus in made:
-        plain = bus.redis
-        await bus.close()
-        await plain.aclose()
+    return made
 
 
-async def settle(bus: WorkerBus) -> None:
+async def settle(bus: FencedJobBus) -> None:
     """Read and ack what earlier tests left in the shards."""
     while jobs := await bus.read_jobs(count=100, block_ms=50):
         for job in jobs:
             await bus.ack(job)
 
 
-async def drain(bus: WorkerBus, want: int) -> list[Job]:
+async def drain(bus: FencedJobBus, want: int) -> list[Job]:
     got: list[Job] = []
     for _ in range(50):
         got += await bus.read_jobs(count=5, block_ms=200)
@@ -227,8 +234,8 @@ async def drain(bus: WorkerBus, want: int) -> list[Job]:
     return got
 
 
-async def test_a_worker_reads_every_shard_and_each_job_once(calls: ClusterCalls, ingress: Ingress,
-                                                            buses: list[WorkerBus]) -> None:
+async def test_a_worker_reads_every_shard_and_each_job_once(calls: ClusterCalls, ingress: ClusterIngress,
+                                                            buses: list[FencedJobBus]) -> None:
     bus = buses[0]
     await settle(bus)
     rooms = rooms_on_every_shard("read", 3)
@@ -242,7 +249,7 @@ async def test_a_worker_reads_every_shard_and_each_job_once(calls: ClusterCalls,
         assert [j.seq for j in jobs if j.room == room] == [1, 2]
     # Taken: each line's owner in its room names this worker.
     owner = await calls.call("HGET", keys.room_state(rooms[0]), "owner:1")
-    assert owner.split("|")[1] == bus.consumer
+    assert owner.split("|")[1] == bus.queue.consumer
 
     # Nothing left: a blocked read wakes for a line said while it waits, on any shard.
     [late] = new_rooms("late", 1)
@@ -256,8 +263,8 @@ async def test_a_worker_reads_every_shard_and_each_job_once(calls: ClusterCalls,
         assert await bus.ack(job)
 
 
-async def test_a_worker_that_lost_its_job_writes_nothing_more(calls: ClusterCalls, ingress: Ingress,
-                                                              buses: list[WorkerBus]) -> None:
+async def test_a_worker_that_lost_its_job_writes_nothing_more(calls: ClusterCalls, ingress: ClusterIngress,
+                                                              buses: list[FencedJobBus]) -> None:
     a, b = buses
     await settle(a)
     [room] = new_rooms("fence", 1)
@@ -287,17 +294,16 @@ async def test_a_worker_that_lost_its_job_writes_nothing_more(calls: ClusterCall
                                 1, keys.job_shard(keys.shard_of(room, SHARDS)), keys.JOBS_GROUP, stream_id)
 
 
-async def test_a_line_handed_twice_is_spoken_by_one_job(calls: ClusterCalls, ingress: Ingress,
-                                                        buses: list[WorkerBus]) -> None:
+async def test_a_line_handed_twice_is_spoken_by_one_job(calls: ClusterCalls, ingress: ClusterIngress,
+                                                        buses: list[FencedJobBus]) -> None:
     a, b = buses
     await settle(a)
     [room] = new_rooms("twice", 1)
-    assert ingress.handoff is not None
-    mark, line = await accept_only(ingress.handoff, room, 1)
-    assert await ingress.handoff.hand(room, mark, line)
+    mark, line = await accept_only(ingress, room, 1)
+    assert await ingress.hand(room, mark, line)
     # The shard's mark lost (its primary failed over before replicating it): handed again.
     await calls.call("HDEL", keys.job_shard_handed(mark.shard), room)
-    assert await ingress.handoff.hand(room, mark, line)
+    assert await ingress.hand(room, mark, line)
     first = await drain(a, 1)
     second = await drain(b, 1)
     assert [(j.room, j.seq) for j in first + second] == [(room, 1)]  # the other was acked unread
@@ -313,16 +319,16 @@ async def test_a_line_handed_twice_is_spoken_by_one_job(calls: ClusterCalls, ing
 async def test_single_instance_ingress_is_unchanged(redis_cluster: RedisClusterProcs) -> None:
     """Without a hand-off the one script still writes ``vx:jobs`` with the room: on a cluster
     that is refused, which is why the gateway picks the hand-off there."""
-    plain = redis_client.from_url(redis_cluster.url, decode_responses=True)
-    ing = Ingress(plain)
+    store = SingleStore(redis_cluster.url)
+    ing = store.ingress(IngressOptions())
     with pytest.raises(redis.ResponseError):
         await ing.say("lobby", "alice", 1, "hello", "narrator")
     await ing.aclose()
-    await plain.aclose()
+    await store.aclose()
 
 
 async def test_a_worker_speaks_lines_of_rooms_on_every_shard(redis_cluster: RedisClusterProcs, calls: ClusterCalls,
-                                                             ingress: Ingress) -> None:
+                                                             ingress: ClusterIngress, stores: Stores) -> None:
     """A real worker (the synthetic engine, in process) on the cluster: one line in each of rooms
     on every shard is read, spoken once (start, slices, end in its room's ``:out``), its turn
     handed on, its owner field cleared and its job acked. (A room's later lines wait for their
@@ -340,11 +346,8 @@ async def test_a_worker_speaks_lines_of_rooms_on_every_shard(redis_cluster: Redi
     catalog = worker_catalog(Catalog.load(), {"synthetic"})
     voice = next(iter(catalog)).id
     pool = ContextPool(["cpu"], engines, catalog, queue_size=4, inflight=64)
-    plain = redis_client.from_url(redis_cluster.url, decode_responses=True)
-    worker = Worker(plain, pool, catalog, shutdown_timeout_s=1.0, claim_idle_ms=5000,
-                    cluster=ClusterCalls(cluster_client(redis_cluster.url, decode_responses=True)),
-                    raw_cluster=ClusterCalls(cluster_client(redis_cluster.url, decode_responses=False)),
-                    job_shards=SHARDS)
+    worker = Worker(await stores.open(redis_cluster.url, job_shards=SHARDS), pool, catalog, shutdown_timeout_s=1.0,
+                    claim_idle_ms=5000)
     rooms = rooms_on_every_shard("spoken", 1)
     task = asyncio.create_task(worker.run(), name="test:cluster-worker")
     try:
@@ -361,7 +364,6 @@ async def test_a_worker_speaks_lines_of_rooms_on_every_shard(redis_cluster: Redi
     finally:
         worker.stop()
         await asyncio.wait_for(task, 30)
-        await plain.aclose()
     raw = ClusterCalls(cluster_client(redis_cluster.url, decode_responses=False))
     for room, state in zip(rooms, states, strict=True):
         assert not [field for field in state if field.startswith("owner:")], (room, state)

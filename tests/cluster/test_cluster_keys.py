@@ -24,7 +24,7 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import MovedError
 
-from tests.cluster.conftest import RedisClusterProcs
+from tests.support.cluster import RedisClusterProcs
 from tests.support.processes import ROOT, base_env, start_gateway, start_worker
 from tests.support.room_client import RoomClient
 from voxroom.store import keys

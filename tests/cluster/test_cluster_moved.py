@@ -16,7 +16,7 @@ from typing import Any
 
 from redis.crc import key_slot
 
-from tests.cluster.conftest import RedisClusterProcs
+from tests.support.cluster import RedisClusterProcs
 from voxroom.store.clients import cluster_from_url
 from voxroom.store.cluster.slots import ClusterReads
 

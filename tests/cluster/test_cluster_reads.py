@@ -21,20 +21,23 @@ from typing import Any, cast
 
 import pytest
 import redis
-from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 from starlette.websockets import WebSocket
 
+from app.fanout.connection import ClientConnection
 from app.fanout.hub import RoomHub
-from app.room.connection import ClientConnection
 from app.room.identity import ClientClaims
-from tests.cluster.conftest import ClusterNode, RedisClusterProcs
+from tests.support.cluster import ClusterNode, RedisClusterProcs
+from tests.support.waiting import until
 from voxroom.runtime.supervisor import Supervisor
 from voxroom.store import keys
 from voxroom.store.backoff import REDIS_DOWN
 from voxroom.store.clients import cluster_from_url
-from voxroom.store.cluster.pipeline import ClusterAutoPipeline, command_key
-from voxroom.store.stream_watcher import StreamWatcher
+from voxroom.store.cluster.fanout import ClusterFanout
+from voxroom.store.cluster.pipeline import ClusterAutoPipeline
+from voxroom.store.cluster.routing import command_key
+from voxroom.store.cluster.store import ClusterStore
+from voxroom.store.opening import open_store
 
 DEADLINE_S = 30.0
 
@@ -91,11 +94,7 @@ def _received(client: ClientConnection) -> list[bytes]:
 
 
 async def _wait_for(what: str, done: Any) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not done():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
+    await until(done, what, timeout=DEADLINE_S)
 
 
 RING_XADD = """
@@ -138,16 +137,19 @@ class Appender:
 
 
 @contextlib.asynccontextmanager
-async def _hub(url: str) -> AsyncIterator[tuple[RoomHub, RedisCluster]]:
-    client = await cluster_from_url(url, decode_responses=False)
+async def _hub(url: str) -> AsyncIterator[tuple[RoomHub, ClusterFanout]]:
+    store = await open_store(url, connect=True)
+    assert isinstance(store, ClusterStore)
     supervisor = Supervisor("test-gateway")
-    hub = RoomHub(client, f"gw-{uuid.uuid4().hex[:6]}", supervisor=supervisor)
+    hub = RoomHub(store, f"gw-{uuid.uuid4().hex[:6]}", supervisor=supervisor)
+    assert isinstance(hub.source, ClusterFanout)
     try:
-        yield hub, client
+        yield hub, hub.source
     finally:
         await hub.close()
         await supervisor.aclose()
-        await client.aclose()
+        await hub.aclose()
+        await store.aclose()
 
 
 @contextlib.asynccontextmanager
@@ -167,7 +169,7 @@ def _listener(room: str) -> ClientConnection:
 
 async def test_hub_reads_rooms_on_every_primary_in_order(redis_cluster: RedisClusterProcs) -> None:
     rooms = _rooms_on_every_primary(redis_cluster, per_node=3)
-    async with _hub(redis_cluster.url) as (hub, _client), _pipe(redis_cluster.url) as pipe:
+    async with _hub(redis_cluster.url) as (hub, fanout), _pipe(redis_cluster.url) as pipe:
         listeners = [_listener(room) for room in rooms]
         # Nine joins in one loop turn: their tail reads travel in one batch per node.
         await asyncio.gather(*(hub.join(c) for c in listeners))
@@ -180,7 +182,7 @@ async def test_hub_reads_rooms_on_every_primary_in_order(redis_cluster: RedisClu
             assert _received(client) == appender.acked == [f"{client.room}:{n}".encode() for n in range(40)]
         for client in listeners:
             await hub.leave(client)
-        assert not hub.rooms and not hub._readers
+        assert not hub.rooms and not fanout.cursors
 
 
 async def test_a_slot_migrated_while_a_room_speaks_loses_and_doubles_nothing(
@@ -190,7 +192,7 @@ async def test_a_slot_migrated_while_a_room_speaks_loses_and_doubles_nothing(
     slot = key_slot(key.encode())
     source = _holder(redis_cluster, room)
     target = next(n for n in redis_cluster.primaries() if n.port != source.port)
-    async with _hub(redis_cluster.url) as (hub, _client), _pipe(redis_cluster.url) as pipe:
+    async with _hub(redis_cluster.url) as (hub, fanout), _pipe(redis_cluster.url) as pipe:
         listener = _listener(room)
         await hub.join(listener)
         appender = Appender(pipe, room)
@@ -217,7 +219,7 @@ async def test_a_slot_migrated_while_a_room_speaks_loses_and_doubles_nothing(
         assert _received(listener) == appender.acked == [f"{room}:{n}".encode() for n in range(300)]
         assert _holder(redis_cluster, room).port == target.port
         # The bell followed the slot (Redis pushed ``sunsubscribe``, the hub subscribed at the target).
-        assert hub.fanout is not None and hub.fanout.bells.resubscribes >= 1
+        assert fanout.bells.resubscribes >= 1
         assert pipe.reads.redirects >= 1  # and so did the appends
         src.close()
         dst.close()
@@ -239,7 +241,7 @@ async def test_redis_cli_reshard_moves_a_busy_room_without_a_gap(redis_cluster: 
     # redis-cli moves the source's lowest slots first: a room in that slot moves with --cluster-slots 1.
     room = _room_in_slot(first)
     target = next(n for n in redis_cluster.primaries() if n.port != source.port)
-    async with _hub(redis_cluster.url) as (hub, _client), _pipe(redis_cluster.url) as pipe:
+    async with _hub(redis_cluster.url) as (hub, fanout), _pipe(redis_cluster.url) as pipe:
         listener = _listener(room)
         await hub.join(listener)
         appender = Appender(pipe, room)
@@ -255,7 +257,7 @@ async def test_redis_cli_reshard_moves_a_busy_room_without_a_gap(redis_cluster: 
         await _wait_for("every entry", lambda: len(_received(listener)) >= len(appender.acked))
         assert _received(listener) == appender.acked == [f"{room}:{n}".encode() for n in range(300)]
         assert _holder(redis_cluster, room).port == target.port, out.decode(errors="replace")[-2000:]
-        assert hub.fanout is not None and hub.fanout.bells.resubscribes >= 1
+        assert fanout.bells.resubscribes >= 1
 
 
 async def test_a_graceful_failover_moves_the_room_without_a_gap(redis_cluster: RedisClusterProcs) -> None:
@@ -263,7 +265,7 @@ async def test_a_graceful_failover_moves_the_room_without_a_gap(redis_cluster: R
     old = _holder(redis_cluster, room)
     old_id = _node_id(old)
     replica = next(n for n in redis_cluster.nodes if n.port != old.port and _primary_port(n) == old.port)
-    async with _hub(redis_cluster.url) as (hub, _client), _pipe(redis_cluster.url) as pipe:
+    async with _hub(redis_cluster.url) as (hub, fanout), _pipe(redis_cluster.url) as pipe:
         listener = _listener(room)
         await hub.join(listener)
         appender = Appender(pipe, room)
@@ -318,7 +320,7 @@ async def test_a_killed_primary_its_replica_promoted_the_room_continues(private_
     key = keys.room_output(room)
     dead = _holder(cluster, room)
     url = next(n.url for n in cluster.nodes if n.port != dead.port)  # the seed must outlive the test
-    async with _hub(url) as (hub, _client), _pipe(url) as pipe:
+    async with _hub(url) as (hub, fanout), _pipe(url) as pipe:
         listener = _listener(room)
         await hub.join(listener)
         appender = Appender(pipe, room)
@@ -350,15 +352,15 @@ async def test_a_killed_primary_its_replica_promoted_the_room_continues(private_
               f"the replica had {on_replica} of {before} at the kill, "
               f"{appender.failures} appends retried, appends again after {appends_again:.1f} s, listener "
               f"hears the room again after {heard_again:.1f} s, "
-              f"{hub.cluster.refreshes if hub.cluster else 0} hub map refreshes")
+              f"{fanout.bells.reads.refreshes} hub map refreshes")
 
 
 async def test_stream_watcher_and_claims_on_the_cluster(redis_cluster: RedisClusterProcs) -> None:
     rooms = _rooms_on_every_primary(redis_cluster, per_node=1)
-    raw = await cluster_from_url(redis_cluster.url, decode_responses=False)
+    store = await open_store(redis_cluster.url, connect=True)
     text = await cluster_from_url(redis_cluster.url, decode_responses=True)
-    pipe = ClusterAutoPipeline(raw)
-    watcher = StreamWatcher(raw, pipe, "unused")
+    pipe = store.commands(decode=False)
+    watcher = store.watcher("unused", pipe)
     try:
         first = await pipe.call("XADD", keys.room_output(rooms[0]), "*", "frame", b"x")
         waits = [asyncio.create_task(watcher.wait(room, first.decode() if room == rooms[0] else "0-0", 10))
@@ -369,7 +371,7 @@ async def test_stream_watcher_and_claims_on_the_cluster(redis_cluster: RedisClus
         assert await watcher.wait(rooms[0], added[0].decode(), 0.3) == added[0].decode()  # nothing new: timeout
 
         # Claims in rooms on every node: refreshed and released one script per slot.
-        claims = ClientClaims(text, "gw-test", ttl_s=2)
+        claims = ClientClaims(store.commands(), store.slot_of, "gw-test", ttl_s=2)
         owners = [await claims.claim(room, f"client-{i}") for room in rooms for i in range(2)]
         assert all(owners)
         assert await claims.refresh() == 0
@@ -380,9 +382,10 @@ async def test_stream_watcher_and_claims_on_the_cluster(redis_cluster: RedisClus
         await claims.release_all()
         left = [await text.get(keys.room_client_claim(room, f"client-{i}")) for room in rooms for i in range(2)]
         assert left == [None, None, None, "someone-else", None, None]
+        await claims.aclose()
     finally:
         await pipe.aclose()
-        await raw.aclose()
+        await store.aclose()
         await text.aclose()
 
 

@@ -32,16 +32,16 @@ import pytest
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
-from tests.cluster.conftest import ClusterNode, RedisClusterProcs
 from tests.cluster.test_cluster_reads import _node_id, _own_slots, _room_in_slot
 from tests.cluster.test_cluster_rooms import _assert_heard, _say_until_accepted
+from tests.support.cluster import ClusterNode, RedisClusterProcs
 from tests.support.processes import Proc, start_gateway, start_worker
 from tests.support.room_client import RoomClient
+from tests.support.stores import Stores
 from voxroom.store import keys
 from voxroom.store.clients import cluster_client, cluster_from_url
 from voxroom.store.cluster.calls import ClusterCalls
 from voxroom.store.cluster.pipeline import ClusterAutoPipeline
-from workers.shards import ShardedJobs
 
 JOB_SHARDS = 12
 """The default ``VOXROOM_JOB_SHARDS``: the shard tags whose slots are below :data:`MOVED_SLOTS`."""
@@ -205,7 +205,7 @@ async def test_a_script_over_a_slot_split_between_two_nodes_waits_for_it(own_clu
         await calls.aclose()
 
 
-async def test_a_shard_read_blocked_when_its_slot_moves_reads_on(own_cluster: RedisClusterProcs) -> None:
+async def test_a_shard_read_blocked_when_its_slot_moves_reads_on(own_cluster: RedisClusterProcs, stores: Stores) -> None:
     """Redis 7 answers a read blocked on a stream that ``MIGRATE`` took away ``UNBLOCKED``: the
     worker's shard reader reads on, on the shard's new node, instead of failing its intake."""
     cluster = own_cluster
@@ -215,9 +215,9 @@ async def test_a_shard_read_blocked_when_its_slot_moves_reads_on(own_cluster: Re
     stream = keys.job_shard(shard)
     slot = key_slot(stream.encode())
     calls = ClusterCalls(cluster_client(cluster.url, decode_responses=True))
-    jobs = ShardedJobs(calls, "c-reshard", shards=JOB_SHARDS)
+    jobs = await stores.bus(cluster.url, "c-reshard", job_shards=JOB_SHARDS)
     try:
-        await jobs.ensure_groups()
+        await jobs.ensure_group()
         reading = asyncio.create_task(jobs.read_jobs(1, 3000))
         await asyncio.sleep(0.3)  # every shard's read is blocked now
         _open_slot(source, target, slot)
@@ -233,7 +233,6 @@ async def test_a_shard_read_blocked_when_its_slot_moves_reads_on(own_cluster: Re
         assert await jobs.ack(got[0])  # not left for the next test's workers to claim
         assert _holder_port(cluster, stream) == target.port
     finally:
-        await jobs.aclose()
         await calls.aclose()
 
 

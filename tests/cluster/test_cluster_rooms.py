@@ -27,8 +27,8 @@ import httpx
 import pytest
 from redis.cluster import RedisCluster
 
-from tests.cluster.conftest import RedisClusterProcs
 from tests.cluster.test_cluster_reads import private_cluster  # noqa: F401 (a fixture)
+from tests.support.cluster import RedisClusterProcs
 from tests.support.processes import ROOT, Proc, base_env, start_gateway, start_worker
 from tests.support.room_client import RoomClient
 from voxroom.store import keys
@@ -184,6 +184,7 @@ def test_voxroom_rooms_lists_the_rooms_of_every_shard(stack: ClusterStack, redis
     assert listing.returncode == 0, listing.stderr
     rows = {line.split()[0]: line.split() for line in listing.stdout.splitlines() if line.startswith("e2e-")}
     for room in stack.rooms:
+        assert room in rows, listing.stdout
         cols = rows[room]  # room, idle s, last seq, next, ...
         assert (cols[2], cols[3]) == (str(LINES), str(LINES + 1)), cols
     assert "no live worker" not in listing.stdout

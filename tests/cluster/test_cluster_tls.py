@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from redis.crc import key_slot
 
-from tests.cluster.conftest import TlsRedisClusterProcs, replicas_streaming, tls_cluster
+from tests.support.cluster import TlsRedisClusterProcs, replicas_streaming, tls_cluster
 from tests.support.processes import Proc, start_gateway, start_worker
 from tests.support.room_client import RoomClient
 from voxroom.store import keys

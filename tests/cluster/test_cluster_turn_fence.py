@@ -11,37 +11,40 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import RedisClusterProcs
-from voxroom.store import clients as redis_client
+from tests.support.cluster import RedisClusterProcs
+from tests.support.stores import Stores
+from voxroom.errors import OwnershipLost, TurnLost
 from voxroom.store import keys
 from voxroom.store.clients import cluster_client
 from voxroom.store.cluster.calls import ClusterCalls
-from workers.bus import OwnershipLost, TurnLost, WorkerBus
-from workers.intake.job import Job
+from voxroom.store.jobs import FencedJobBus
+from voxroom.wire.jobs import Job
 
 SHARDS = 12
 
 
 @pytest.fixture
-async def bus(redis_cluster: RedisClusterProcs) -> AsyncIterator[WorkerBus]:
-    plain = redis_client.from_url(redis_cluster.url, decode_responses=True)
-    made = WorkerBus(plain, f"turn-{uuid.uuid4().hex[:4]}", job_shards=SHARDS,
-                     cluster=ClusterCalls(cluster_client(redis_cluster.url, decode_responses=True)),
-                     raw_cluster=ClusterCalls(cluster_client(redis_cluster.url, decode_responses=False)))
+async def bus(redis_cluster: RedisClusterProcs, stores: Stores) -> FencedJobBus:
+    made = await stores.bus(redis_cluster.url, f"turn-{uuid.uuid4().hex[:4]}", job_shards=SHARDS)
     await made.ensure_group()
+    return made
+
+
+@pytest.fixture
+async def calls(redis_cluster: RedisClusterProcs) -> AsyncIterator[ClusterCalls]:
+    """The test's own routed commands (replies parsed as redis-py parses them)."""
+    made = ClusterCalls(cluster_client(redis_cluster.url, decode_responses=True))
     yield made
-    await made.close()
-    await plain.aclose()
+    await made.aclose()
 
 
-async def _take_lines(bus: WorkerBus, rooms: list[str]) -> list[Job]:
+async def _take_lines(bus: FencedJobBus, calls: ClusterCalls, rooms: list[str]) -> list[Job]:
     """Line 1 of each room in its job shard, read and taken by ``bus`` (earlier tests' jobs acked)."""
-    assert bus.cluster is not None
     while old := await bus.read_jobs(count=100, block_ms=50):
         for job in old:
             await bus.ack(job)
     for room in rooms:
-        await bus.cluster.call("XADD", keys.job_shard(keys.shard_of(room, SHARDS)), "*", "room", room, "seq", 1,
+        await calls.call("XADD", keys.job_shard(keys.shard_of(room, SHARDS)), "*", "room", room, "seq", 1,
                                "text", "Line 1.", "voice", "en-joe", "prev_voice", "en-joe", "sender", "tester",
                                "time", 0)
     got: list[Job] = []
@@ -53,21 +56,19 @@ async def _take_lines(bus: WorkerBus, rooms: list[str]) -> list[Job]:
     return sorted(got, key=lambda job: rooms.index(job.room))
 
 
-async def _kinds(bus: WorkerBus, room: str) -> list[tuple[str, str]]:
-    assert bus.cluster is not None
-    out: Any = await bus.cluster.call("XRANGE", keys.room_output(room), "-", "+")
+async def _kinds(calls: ClusterCalls, room: str) -> list[tuple[str, str]]:
+    out: Any = await calls.call("XRANGE", keys.room_output(room), "-", "+")
     return [(f["kind"], f.get("chunk", "")) for _, f in out]
 
 
-async def test_a_line_skipped_past_is_refused_in_its_rooms_slot(bus: WorkerBus) -> None:
-    assert bus.cluster is not None
+async def test_a_line_skipped_past_is_refused_in_its_rooms_slot(bus: FencedJobBus, calls: ClusterCalls) -> None:
     tag = uuid.uuid4().hex[:6]
     rooms = [f"turn-{tag}-a", f"turn-{tag}-b"]
-    a, b = await _take_lines(bus, rooms)
+    a, b = await _take_lines(bus, calls, rooms)
     for job in (a, b):
         await bus.publish(job, [{"kind": "start", "seq": 1}, {"kind": "chunk", "seq": 1, "chunk": 0}], started=1)
     # Line 2 of room b skips past line 1 (as ``skip_to`` does), which is still this worker's.
-    await bus.cluster.call("HSET", keys.room_state(b.room), "next", 2)
+    await calls.call("HSET", keys.room_state(b.room), "next", 2)
 
     with pytest.raises(TurnLost) as refused:
         await bus.publish(b, [{"kind": "chunk", "seq": 1, "chunk": 1}, {"kind": "marks", "seq": 1, "words": "[]"}])
@@ -77,11 +78,11 @@ async def test_a_line_skipped_past_is_refused_in_its_rooms_slot(bus: WorkerBus) 
         await bus.finish(b, {"kind": "end", "seq": 1, "chunks": 2}, 1000.0)
     await bus.finish(a, {"kind": "end", "seq": 1, "chunks": 2}, 1000.0)
 
-    assert await _kinds(bus, a.room) == [("start", ""), ("chunk", "0"), ("chunk", "1"), ("marks", ""), ("end", "")]
-    assert await _kinds(bus, b.room) == [("start", ""), ("chunk", "0")], "nothing of line 1 after the skip"
-    state_b = await bus.cluster.call("HGETALL", keys.room_state(b.room))
+    assert await _kinds(calls, a.room) == [("start", ""), ("chunk", "0"), ("chunk", "1"), ("marks", ""), ("end", "")]
+    assert await _kinds(calls, b.room) == [("start", ""), ("chunk", "0")], "nothing of line 1 after the skip"
+    state_b = await calls.call("HGETALL", keys.room_state(b.room))
     assert state_b["next"] == "2" and "end_ms" not in state_b
-    assert (await bus.cluster.call("HGET", keys.room_state(a.room), "next")) == "2"
+    assert (await calls.call("HGET", keys.room_state(a.room), "next")) == "2"
     # Still ours: the stale line is acked (its owner field released, its shard entry acked).
     assert await bus.ack(b)
-    assert "owner:1" not in await bus.cluster.call("HGETALL", keys.room_state(b.room))
+    assert "owner:1" not in await calls.call("HGETALL", keys.room_state(b.room))

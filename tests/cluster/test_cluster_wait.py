@@ -22,7 +22,7 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from tests.cluster.conftest import ClusterNode, RedisClusterProcs, replicas_streaming
+from tests.support.cluster import ClusterNode, RedisClusterProcs, replicas_streaming
 from tests.support.processes import start_gateway, start_worker
 from tests.support.room_client import RoomClient
 from voxroom.store import keys

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from tests.audio_analysis import max_jump, rms
+from tests.support.audio import max_jump, rms
 from tests.support.processes import Proc, start_gateway, start_worker
 from tests.support.room_client import RoomClient
 from voxroom.store.server import RedisServer

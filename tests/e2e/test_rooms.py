@@ -6,8 +6,8 @@ import asyncio
 
 import numpy as np
 
-from tests.audio_analysis import is_speech_like, max_jump
 from tests.conftest import Stack
+from tests.support.audio import is_speech_like, max_jump
 from tests.support.room_client import RoomClient
 from voxroom.wire.protocol import ROOM_RATE, SLICE_SAMPLES
 

@@ -7,13 +7,12 @@ import sys
 
 import pytest
 
-from tests.audio_analysis import is_speech_like
+from tests.support.audio import is_speech_like
+from tests.support.engines import synthesize
 from voxroom.errors import EngineError
 from voxroom.voices.catalog import Catalog
 from workers.engines.base import Engine
 from workers.engines.registry import available_offline_engines, create_engine
-
-from .helpers import synthesize
 
 
 def test_both_offline_engines_are_installed_here() -> None:

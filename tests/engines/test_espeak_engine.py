@@ -7,13 +7,12 @@ import threading
 import numpy as np
 import pytest
 
-from tests.audio_analysis import CLICK_RATIO, is_speech_like, max_jump, rms
+from tests.support.audio import CLICK_RATIO, is_speech_like, max_jump, rms
+from tests.support.engines import Synthesis, synthesize, voice_with
 from voxroom.errors import EngineError
 from voxroom.voices.catalog import Catalog
 from workers.engines.base import Engine
 from workers.engines.espeak import DEFAULT_RATE, EspeakEngine
-
-from .helpers import Synthesis, synthesize, voice_with
 
 ENGLISH = "The old lighthouse keeper climbed the stairs slowly every evening before dark."
 # Werewolf-game lines of 17 and 18 characters (one syllable per character). Full-width punctuation

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.engines.helpers import synthesize
+from tests.support.engines import synthesize
 from voxroom.errors import ConfigError
 from voxroom.runtime.settings import Settings
 from voxroom.voices.catalog import Catalog
@@ -102,7 +102,7 @@ def test_the_setting_names_the_file_and_a_bad_one_stops_the_worker_build(tmp_pat
     settings = Settings.from_env({"VOXROOM_LEXICON": str(bad), "VOXROOM_ENGINE": "synthetic"})
     assert settings.lexicon == str(bad)
     with pytest.raises(ConfigError, match=r"bad\.tsv:2: "):
-        build_worker(settings, redis=None)  # type: ignore[arg-type]  # refused before Redis is used
+        build_worker(settings, store=None)  # type: ignore[arg-type]  # refused before Redis is used
 
 
 # -- what it does to real engines ---------------------------------------------------------------

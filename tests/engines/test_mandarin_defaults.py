@@ -13,10 +13,9 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from tests.support.engines import synthesize, voice_with
 from voxroom.voices.catalog import Catalog
 from workers.engines.espeak import EspeakEngine
-
-from .helpers import synthesize, voice_with
 
 LINE = "天黑请闭眼，狼人请睁眼。今晚你们要杀谁？"  # Chinese punctuation on purpose
 BEFORE = {"rate": 175, "pitch": 50}

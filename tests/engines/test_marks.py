@@ -11,7 +11,7 @@ import threading
 import numpy as np
 import pytest
 
-from tests.engines.marks_check import PAUSED, Timed, after_punctuation, run_timed
+from tests.support.marks_check import PAUSED, Timed, after_punctuation, run_timed
 from voxroom.voices.catalog import Catalog
 from workers.engines.base import SynthesisRequest, TimedEngine
 from workers.engines.espeak import EspeakEngine

@@ -9,8 +9,8 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from tests.audio_analysis import frame_rms
-from tests.engines.helpers import synthesize
+from tests.support.audio import frame_rms
+from tests.support.engines import synthesize
 from voxroom.errors import EngineError
 from voxroom.voices import markup
 from voxroom.voices.catalog import Catalog

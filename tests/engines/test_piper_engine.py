@@ -7,13 +7,12 @@ import threading
 import numpy as np
 import pytest
 
-from tests.audio_analysis import CLICK_RATIO, is_speech_like, max_jump, rms, voiced_duration_s
+from tests.support.audio import CLICK_RATIO, is_speech_like, max_jump, rms, voiced_duration_s
+from tests.support.engines import synthesize, voice_with
 from voxroom.errors import EngineError
 from voxroom.voices.catalog import Catalog
 from workers.engines.base import Engine
 from workers.engines.piper.engine import PiperEngine
-
-from .helpers import synthesize, voice_with
 
 # 12 words. English speech runs at 120-240 words a minute (2-4 words/s); Piper's joe voice
 # reads at about 3 words/s. Allowing 2-5 words/s covers a slow narrator and a fast reading while

@@ -9,17 +9,16 @@ import threading
 import numpy as np
 import pytest
 
-from tests.audio_analysis import CLICK_RATIO, dbfs, frame_rms, is_speech_like, max_jump, rms
-from tests.engines.marks_check import run_timed
 from tests.engines.test_marks import PIPER_TOLERANCE_MS, check_marks, check_onsets
+from tests.support.audio import CLICK_RATIO, dbfs, frame_rms, is_speech_like, max_jump, rms
+from tests.support.engines import synthesize
+from tests.support.marks_check import run_timed
 from voxroom.voices.catalog import Catalog
 from workers.engines.base import SynthesisRequest
 from workers.engines.piper.engine import PiperEngine
 from workers.engines.piper.pieces import plan
 from workers.engines.piper.threads import running
 from workers.engines.wrappers import NarratorEngine
-
-from .helpers import synthesize
 
 LINE = "The werewolves wake up, look at each other, and silently choose a victim. Then they sleep."
 HEAD = ["The", "werewolves", "wake", "up"]

@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from tests.support.engines import synthesize
 from voxroom.errors import EngineError
 from voxroom.runtime.settings import Settings
 from voxroom.voices.catalog import Catalog
@@ -22,7 +23,6 @@ from workers.engines.piper.pieces import FIRST_PIECE_WORDS
 from workers.engines.registry import create_engine
 from workers.launch import engine_options
 
-from .helpers import synthesize
 from .test_piper_first_audio import LINE
 
 PIPER_LOG = "voxroom.engine.piper"

@@ -1,4 +1,4 @@
-"""A client's queued messages leave in one socket write (app/room/transport.py ``BatchSend``), framed
+"""A client's queued messages leave in one socket write (app/fanout/transport.py ``BatchSend``), framed
 exactly as uvicorn frames them one by one: bytes out of the writer, parsed back by a WebSocket
 client's sans-I/O parser."""
 
@@ -14,8 +14,8 @@ from websockets.protocol import State
 from websockets.server import ServerProtocol
 from websockets.streams import StreamReader
 
-from app.room.connection import ClientConnection
-from app.room.transport import PROTOCOL_KEY, BatchSend
+from app.fanout.connection import ClientConnection
+from app.fanout.transport import PROTOCOL_KEY, BatchSend
 
 
 class FakeTransport:

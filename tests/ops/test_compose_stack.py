@@ -58,8 +58,8 @@ import pytest
 import websockets
 import yaml
 
-from tests.audio_analysis import SILENCE_DBFS, dbfs, rms
 from tests.ops.test_nginx import envsubst, nginx_command
+from tests.support.audio import SILENCE_DBFS, dbfs, rms
 from tests.support.processes import ROOT
 from tests.support.room_client import RoomClient
 from voxroom.runtime.settings import Settings

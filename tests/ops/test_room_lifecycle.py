@@ -13,19 +13,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
 
-from app.ingress.say_script import STALE_ROOMS_PER_SAY, Ingress
 from tests.support.processes import start_gateway, start_worker
 from tests.support.room_client import RoomClient
+from tests.support.stores import Stores
+from tests.support.waiting import until
 from voxroom.store import keys
 from voxroom.store.backoff import REDIS_DOWN
 from voxroom.store.server import RedisServer
+from voxroom.store.single.ingress import STALE_ROOMS_PER_SAY
 
 TTL_S = 8
 DEADLINE_S = 60.0
@@ -77,15 +79,6 @@ async def room_keys(r: Redis, room: str) -> set[str]:
 async def used_memory(r: Redis) -> int:
     info = await r.info("memory")
     return int(info["used_memory"])
-
-
-async def until(what: str, left: Callable[[], Awaitable[object]], timeout: float = DEADLINE_S) -> None:
-    """Poll ``left()`` (what is still in the way: empty when done) until it is empty."""
-    deadline = time.monotonic() + timeout
-    while remaining := await left():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}; still there: {remaining}")
-        await asyncio.sleep(0.2)
 
 
 async def speak(port: int, r: Redis, room: str, lines: int) -> int:
@@ -148,7 +141,10 @@ async def test_abandoned_rooms_leave_nothing_and_an_active_room_keeps_its_keys(l
                         left.append(f"vx:rooms {room}")
                 return left
 
-            await until("every key and vx:rooms entry of the abandoned rooms is gone", abandoned_left)
+            async def abandoned_gone() -> bool:
+                return not await abandoned_left()
+
+            await until(abandoned_gone, abandoned_left, timeout=DEADLINE_S)
             # Let the active room live past the TTL, kept only by its lines.
             await asyncio.sleep(max(0.0, TTL_S + 3 - (time.monotonic() - started)))
             assert not active.done()
@@ -166,7 +162,10 @@ async def test_abandoned_rooms_leave_nothing_and_an_active_room_keeps_its_keys(l
         async def beyond_baseline() -> set[str]:
             return await all_keys(r) ^ baseline_keys
 
-        await until("Redis holds exactly the baseline keys", beyond_baseline)
+        async def at_baseline() -> bool:
+            return not await beyond_baseline()
+
+        await until(at_baseline, beyond_baseline, timeout=DEADLINE_S)
         assert await r.exists(keys.ROOMS) == 0
         left = await used_memory(r) - baseline_memory
         # What may remain: the job stream's entries (bounded by VOXROOM_JOBS_MAXLEN), the cached
@@ -183,9 +182,9 @@ def private_redis() -> Iterator[RedisServer]:
         yield server
 
 
-async def test_every_key_a_line_touches_gets_the_idle_ttl(private_redis: RedisServer) -> None:
+async def test_every_key_a_line_touches_gets_the_idle_ttl(private_redis: RedisServer, stores: Stores) -> None:
     async with redis_of(private_redis) as r:
-        ingress = Ingress(r, room_idle_ttl_s=600)
+        ingress = await stores.ingress(r, room_idle_ttl_s=600)
         try:
             assert (await ingress.say("ttl-room", "amy", 1, "first", "en-joe")).status == "accepted"
             await r.xadd(keys.room_output("ttl-room"), {"kind": "start", "seq": 1})  # as a worker would
@@ -198,12 +197,12 @@ async def test_every_key_a_line_touches_gets_the_idle_ttl(private_redis: RedisSe
             await ingress.aclose()
 
 
-async def test_stale_room_entries_are_removed_a_bounded_number_per_line(private_redis: RedisServer) -> None:
+async def test_stale_room_entries_are_removed_a_bounded_number_per_line(private_redis: RedisServer, stores: Stores) -> None:
     async with redis_of(private_redis) as r:
         old_ms = time.time() * 1000 - 7_200_000  # two hours ago: past a one-hour TTL
         stale = {f"gone-{i}": old_ms for i in range(STALE_ROOMS_PER_SAY + 10)}
         await r.zadd(keys.ROOMS, stale)
-        ingress = Ingress(r, room_idle_ttl_s=3600)
+        ingress = await stores.ingress(r, room_idle_ttl_s=3600)
         try:
             await ingress.say("fresh-1", "amy", 1, "hello", "en-joe")
             # One line removed at most STALE_ROOMS_PER_SAY of them (oldest first), the next the rest.
@@ -215,12 +214,12 @@ async def test_stale_room_entries_are_removed_a_bounded_number_per_line(private_
 
 
 async def test_a_room_whose_counter_expired_before_its_state_counts_on_from_its_turn(
-        private_redis: RedisServer) -> None:
+        private_redis: RedisServer, stores: Stores) -> None:
     """``:state`` outlives ``:seq`` when the worker's last publish came after the last line: the next
     line must get the number the room's turn is at, not 1 (which would be stale and never play)."""
     async with redis_of(private_redis) as r:
         await r.hset(keys.room_state("late"), mapping={"next": 8, "voice": "en-joe"})
-        ingress = Ingress(r)
+        ingress = await stores.ingress(r)
         try:
             outcome = await ingress.say("late", "amy", 1, "hello again", "en-joe")
             assert (outcome.status, outcome.utterance) == ("accepted", 8)
@@ -229,12 +228,12 @@ async def test_a_room_whose_counter_expired_before_its_state_counts_on_from_its_
             await ingress.aclose()
 
 
-async def test_a_room_whose_state_was_evicted_is_not_stuck_busy(private_redis: RedisServer) -> None:
+async def test_a_room_whose_state_was_evicted_is_not_stuck_busy(private_redis: RedisServer, stores: Stores) -> None:
     """Under ``maxmemory`` with ``volatile-lru`` any room key may be evicted: a room that lost its
     ``:state`` while lines were waiting starts over from its last number instead of answering
     ``busy`` until ``:seq`` expires."""
     async with redis_of(private_redis) as r:
-        ingress = Ingress(r, max_pending_per_room=3)
+        ingress = await stores.ingress(r, max_pending_per_room=3)
         try:
             for seq in (1, 2, 3):
                 assert (await ingress.say("evicted", "amy", seq, f"line {seq}", "en-joe")).status == "accepted"
@@ -247,7 +246,7 @@ async def test_a_room_whose_state_was_evicted_is_not_stuck_busy(private_redis: R
             await ingress.aclose()
 
 
-async def test_under_maxmemory_quiet_rooms_are_evicted_and_jobs_never(private_redis: RedisServer) -> None:
+async def test_under_maxmemory_quiet_rooms_are_evicted_and_jobs_never(private_redis: RedisServer, stores: Stores) -> None:
     """docker-compose.yml's policy on a real Redis with a small budget: rooms keep speaking past it
     because rooms' keys (they all have a TTL) are evicted, least recently used first; every accepted line stays in
     ``vx:jobs``; and once only keys without a TTL are left, a line is refused with OOM (which the
@@ -255,7 +254,7 @@ async def test_under_maxmemory_quiet_rooms_are_evicted_and_jobs_never(private_re
     async with redis_of(private_redis) as r:
         await r.config_set("maxmemory-policy", "volatile-lru")
         await r.config_set("maxmemory", await used_memory(r) + 4 * 2**20)
-        ingress = Ingress(r, room_idle_ttl_s=3600)
+        ingress = await stores.ingress(r, room_idle_ttl_s=3600)
         frame = b"\1" * 1958  # one 40 ms slice, as a worker writes it
         accepted = 0
         try:

@@ -15,12 +15,12 @@ import pytest
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 
-from app.ingress.say_script import Ingress
 from tests.support.processes import ROOT, base_env
-from voxroom.store import keys
+from tests.support.stores import Stores
+from voxroom.store import inspection, keys
 from voxroom.store.server import RedisServer
+from voxroom.store.single.store import SingleLayout
 from voxroom.wire.protocol import AudioFrame
-from voxroom_cli import rooms
 
 
 @pytest.fixture
@@ -35,10 +35,10 @@ def _slice(chunk: int) -> bytes:
                       payload=b"\x01" * 1920).encode()
 
 
-async def _fill(url: str) -> None:
+async def _fill(url: str, stores: Stores) -> None:
     r = AsyncRedis.from_url(url, decode_responses=True)
     try:
-        ingress = Ingress(r)
+        ingress = await stores.ingress(r)
         for seq, text in enumerate(["hello there", "second line", "third line"], start=1):
             assert (await ingress.say("alpha", "carol", seq, text, "en-joe")).status == "accepted"
         assert (await ingress.say("beta", "dave", 1, "other room", "en-joe")).status == "accepted"
@@ -67,20 +67,20 @@ def voxroom(url: str, *args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, timeout=30)
 
 
-async def test_rooms_and_room_tables(filled_redis: str) -> None:
-    await _fill(filled_redis)
+async def test_rooms_and_room_tables(filled_redis: str, stores: Stores) -> None:
+    await _fill(filled_redis, stores)
     with Redis.from_url(filled_redis) as r:
-        listed = rooms.list_rooms(r, idle_ttl_s=3600)
+        listed = inspection.list_rooms(r, SingleLayout(), idle_ttl_s=3600)
         assert {s.room for s in listed} == {"alpha", "beta", "legacy"}
         alpha = next(s for s in listed if s.room == "alpha")
         assert (alpha.last_seq, alpha.next_seq, alpha.waiting, alpha.utterances) == (3, 1, 3, 3)
         assert 3000 < alpha.expires_s <= 3600
         assert next(s for s in listed if s.room == "legacy").expires_s == math.inf
-        assert {s.room for s in rooms.list_rooms(r)} == {"alpha", "beta", "legacy"}  # no TTL given: "husk" still out
-        stuck = rooms.pending_jobs(r, "alpha")
+        assert {s.room for s in inspection.list_rooms(r, SingleLayout())} == {"alpha", "beta", "legacy"}  # no TTL given: "husk" still out
+        stuck = inspection.pending_jobs(r, SingleLayout(), "alpha")
         assert [(p.seq, p.consumer, p.deliveries) for p in stuck] == [(1, "dead-worker", 1)]
-        assert rooms.pending_jobs(r, "beta") == []
-        assert rooms.job_groups(r)[0]["pending"] == "1"
+        assert inspection.pending_jobs(r, SingleLayout(), "beta") == []
+        assert inspection.job_groups(r, SingleLayout())[0]["pending"] == "1"
 
     out = voxroom(filled_redis, "rooms")
     assert out.returncode == 0, out.stderr

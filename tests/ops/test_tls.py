@@ -1,5 +1,5 @@
 """TLS and HTTP/2 at the edge: the shipped nginx with docker-compose.tls.yml's layout, a throwaway CA,
-real gateways and a synthetic worker behind it (tests/ops/tls_edge.py). An HTTP/2 client makes many
+real gateways and a synthetic worker behind it (tests/support/tls_edge.py). An HTTP/2 client makes many
 speech calls on one connection; a WebSocket client joins a room over wss:// and hears a line.
 Chromium does the same from an HTTPS page in tests/browser/tls.e2e.test.mjs."""
 
@@ -14,10 +14,12 @@ import numpy as np
 import pytest
 import websockets
 
-from tests.audio_analysis import SILENCE_DBFS, dbfs, rms
 from tests.ops.conftest import OpsStack
 from tests.ops.test_nginx import SUFFIX, TEMPLATES, VARIABLES, compose_nginx, template_variables
-from tests.ops.tls_edge import (
+from tests.support.audio import SILENCE_DBFS, dbfs, rms
+from tests.support.processes import ROOT
+from tests.support.room_client import RoomClient
+from tests.support.tls_edge import (
     TLS_TEMPLATES,
     TLS_VARIABLES,
     Certificates,
@@ -28,8 +30,6 @@ from tests.ops.tls_edge import (
     template_layout,
     volumes,
 )
-from tests.support.processes import ROOT
-from tests.support.room_client import RoomClient
 from voxroom.wire.protocol import ROOM_RATE
 from workers.engines.synthetic import SyntheticEngine
 

@@ -37,7 +37,7 @@ def test_the_gateway_counts_live_workers_and_re_exports_none_of_their_figures() 
     registry.register(collector)
     text = generate_latest(registry).decode()
     assert 'voxroom_workers_alive{gateway="gw1"} 2.0' in text
-    # Each worker serves its own figures (workers/metrics.py); a gateway re-exporting them made a
+    # Each worker serves its own figures (workers/intake/metrics.py); a gateway re-exporting them made a
     # cluster-wide scrape count every worker once per gateway.
     assert "voxroom_worker_" not in text and "voxroom_context_" not in text and "voxroom_cache_" not in text
     assert 'voxroom_connections{gateway="gw1"} 7.0' in text

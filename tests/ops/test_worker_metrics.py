@@ -20,7 +20,7 @@ from tests.support.processes import Proc, start_gateway, start_worker
 from tests.support.room_client import RoomClient
 from voxroom.store import keys
 from voxroom.store.server import RedisServer, free_port
-from workers.metrics import STAGES
+from workers.intake.metrics import STAGES
 
 LINES = 3
 

@@ -9,10 +9,11 @@ import socket
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from workers.intake.job import Job, SliceBuffer, Utterance
-from workers.metrics import FIRST_AUDIO_STAGE, TIME_TO_FIRST_AUDIO, UTTERANCES, observe_utterance, stage_seconds
-from workers.metrics_http import HEAD_LIMIT, MetricsServer
+from voxroom.wire.jobs import Job
+from workers.intake.metrics import FIRST_AUDIO_STAGE, TIME_TO_FIRST_AUDIO, UTTERANCES, observe_utterance, stage_seconds
+from workers.intake.metrics_http import HEAD_LIMIT, MetricsServer
 from workers.output.publisher import PublishResult
+from workers.utterance import SliceBuffer, Utterance
 
 
 async def request(port: int, raw: bytes) -> bytes:

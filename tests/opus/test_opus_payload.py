@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.audio_analysis import dbfs, frame_rms, rms
+from tests.support.audio import dbfs, frame_rms, rms
 from voxroom.wire.protocol import CODEC_OPUS, ROOM_RATE, SLICE_SAMPLES, AudioFrame
 from workers.output.opus import PACKET_SAMPLES, PRE_SKIP_SAMPLES, OpusDecoder, OpusEncoder, pack_packets, unpack_packets
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import websockets
 
-from tests.audio_analysis import frame_rms, is_speech_like
 from tests.conftest import Stack
+from tests.support.audio import frame_rms, is_speech_like
 from tests.support.room_client import RoomClient
 from voxroom.wire.protocol import CODEC_OPUS, CODEC_PCM16, ROOM_RATE, SLICE_SAMPLES
 from workers.output.opus import PACKET_SAMPLES, PRE_SKIP_SAMPLES, OpusDecoder, unpack_packets

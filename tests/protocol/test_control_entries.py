@@ -16,9 +16,11 @@ import pytest
 
 from app.fanout.entries import client_items, control_message
 from app.fanout.resume import ResumePoint, stop_here
+from tests.support.stores import Stores
 from voxroom.store import clients as redis_client
 from voxroom.store import keys
 from voxroom.store.server import RedisServer
+from voxroom.wire.jobs import Job
 from voxroom.wire.output_entries import EntryFields, chunk_fields, control_from_entry, entry_fields
 from voxroom.wire.protocol import (
     CODEC_PCM16,
@@ -31,10 +33,9 @@ from voxroom.wire.protocol import (
     marks_message,
     start_message,
 )
-from workers.bus import WorkerBus
-from workers.intake.job import Job, SliceBuffer, Utterance
 from workers.output.clock import RoomClock
 from workers.output.publisher import publish_utterance
+from workers.utterance import SliceBuffer, Utterance
 
 
 def as_redis_returns(fields: EntryFields) -> dict[bytes, bytes]:
@@ -107,13 +108,13 @@ def own_redis_url() -> Iterator[str]:
 
 
 @pytest.mark.parametrize("error", [None, "ValueError: the engine could not say it"])
-async def test_the_publisher_writes_what_clients_get(own_redis_url: str, error: str | None) -> None:
+async def test_the_publisher_writes_what_clients_get(own_redis_url: str, error: str | None, stores: Stores) -> None:
     """The real publisher against a real redis-server: the client messages of what it wrote are
     the protocol's messages, an error included (before, ``End`` had no ``error`` nor ``code``)."""
     redis_url = own_redis_url
     r = redis_client.from_url(redis_url, decode_responses=True)
     raw = redis_client.from_url(redis_url)  # entries carry audio: read them as bytes
-    bus = WorkerBus(r, f"w-{uuid.uuid4().hex[:6]}")
+    bus = await stores.bus(r, f"w-{uuid.uuid4().hex[:6]}")
     room = f"ctl-{uuid.uuid4().hex[:8]}"
     try:
         await bus.ensure_group()

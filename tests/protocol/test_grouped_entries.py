@@ -19,9 +19,12 @@ from app.fanout.entries import client_items, entry_items
 from app.fanout.resume import ResumePoint, held_slices, stop_here
 from tests.support.processes import start_gateway
 from tests.support.room_client import RoomClient
+from tests.support.stores import Stores
 from voxroom.store import clients as redis_client
 from voxroom.store import keys
+from voxroom.store.jobs import FencedJobBus
 from voxroom.store.server import RedisServer
+from voxroom.wire.jobs import Job
 from voxroom.wire.output_entries import (
     MAX_GROUP,
     EntryFields,
@@ -39,10 +42,9 @@ from voxroom.wire.protocol import (
     end_message,
     start_message,
 )
-from workers.bus import WorkerBus
-from workers.intake.job import Job, SliceBuffer, Utterance
 from workers.output.clock import RoomClock
 from workers.output.publisher import PACED_GROUP, publish_utterance
+from workers.utterance import SliceBuffer, Utterance
 
 
 def as_redis_returns(fields: EntryFields) -> dict[bytes, bytes]:
@@ -109,7 +111,7 @@ def test_the_position_may_be_inside_a_group_and_the_rest_of_it_is_news() -> None
 # --- the real publisher -------------------------------------------------------------------------
 
 
-async def _publish(r: Redis, bus: WorkerBus, room: str, slices: int, *, paced: bool) -> None:
+async def _publish(r: Redis, bus: FencedJobBus, room: str, slices: int, *, paced: bool) -> None:
     await r.xadd(keys.JOBS, {"room": room, "seq": 1, "text": "Night falls.", "voice": "en-joe",
                              "prev_voice": "en-joe", "sender": "gm", "time": 0})
     jobs = [job for job in await bus.read_jobs(10, 1000) if job.room == room]
@@ -123,10 +125,10 @@ async def _publish(r: Redis, bus: WorkerBus, room: str, slices: int, *, paced: b
 
 @pytest.mark.parametrize("paced", [True, False])
 async def test_the_publisher_groups_paced_slices_after_the_first_and_clients_get_each_once(
-        own_redis: RedisServer, paced: bool) -> None:
+        own_redis: RedisServer, paced: bool, stores: Stores) -> None:
     r = redis_client.from_url(own_redis.url, decode_responses=True)
     raw = redis_client.from_url(own_redis.url)
-    bus = WorkerBus(r, f"w-{uuid.uuid4().hex[:6]}")
+    bus = await stores.bus(r, f"w-{uuid.uuid4().hex[:6]}")
     room = f"grp-{uuid.uuid4().hex[:8]}"
     try:
         await bus.ensure_group()

@@ -13,8 +13,8 @@ import msgpack
 import pytest
 
 from voxroom.voices import line_lexicon
+from voxroom.wire.jobs import Job
 from voxroom.wire.protocol import ErrorCode, ProtocolError, Say, decode_client_frame, parse_client_message
-from workers.intake.job import Job
 
 
 def say(lexicon: object, raw: str | None = None) -> Say:

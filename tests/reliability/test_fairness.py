@@ -26,8 +26,8 @@ from pathlib import Path
 
 from redis.asyncio import Redis
 
+from tests.support.outputs import Out, add_jobs, problems, read_out
 from tests.support.processes import start_worker
-from tests.workers.outputs import Out, add_jobs, problems, read_out
 from voxroom.store.server import RedisServer
 
 FLOOD = "The werewolves wake up and choose, in silence, who will not see the morning."  # about 6 s

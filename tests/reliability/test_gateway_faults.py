@@ -20,14 +20,15 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.websockets import WebSocket
 
+from app.fanout.connection import ClientConnection
 from app.fanout.hub import RoomHub
 from app.ingress.directory import WorkerDirectory
 from app.main import create_app
-from app.room.connection import ClientConnection
 from app.state import GatewayState
 from tests.reliability.test_worker_faults import LoadingProxy
 from tests.support.processes import start_gateway, start_worker
 from tests.support.room_client import RoomClient
+from tests.support.stores import Stores
 from voxroom.runtime.settings import Settings
 from voxroom.store import clients as redis_client
 from voxroom.store import keys
@@ -44,11 +45,11 @@ def own_redis() -> Iterator[RedisServer]:
 # --- joins --------------------------------------------------------------------------------------
 
 
-async def test_a_crowd_of_joins_to_new_rooms_takes_a_few_round_trips_not_one_each(redis_url: str) -> None:
+async def test_a_crowd_of_joins_to_new_rooms_takes_a_few_round_trips_not_one_each(redis_url: str, stores: Stores) -> None:
     """Before: one gateway-wide lock held across each new room's tail read, 300 joins took 301
     round trips, one after another."""
     redis = redis_client.from_url(redis_url, decode_responses=False)
-    hub = RoomHub(redis, f"test-{uuid.uuid4().hex[:6]}")
+    hub = RoomHub(await stores.open(redis), f"test-{uuid.uuid4().hex[:6]}")
     tag = uuid.uuid4().hex[:8]
     clients = [ClientConnection(cast(WebSocket, None), room=f"crowd-{tag}-{i}", client_id="c") for i in range(300)]
     # Two clients of one room joining together: the second waits for the first's read, not a lock.
@@ -69,16 +70,16 @@ async def test_a_crowd_of_joins_to_new_rooms_takes_a_few_round_trips_not_one_eac
             while any(c.depth == 0 for c in clients):  # noqa: ASYNC110 (a test polling plain counters)
                 await asyncio.sleep(0.05)
     finally:
-        await hub.close()
+        await hub.aclose()
         await redis.aclose()
 
 
-async def test_a_join_that_fails_leaves_no_half_joined_room() -> None:
+async def test_a_join_that_fails_leaves_no_half_joined_room(stores: Stores) -> None:
     """Redis unreachable at the join: it raises, and the room is not left registered without a
     reader cursor (a later leave or join of it works)."""
     port = free_port()
     redis = redis_client.from_url(f"redis://127.0.0.1:{port}/0", decode_responses=False)
-    hub = RoomHub(redis, f"test-{uuid.uuid4().hex[:6]}")
+    hub = RoomHub(await stores.open(redis), f"test-{uuid.uuid4().hex[:6]}")
     client = ClientConnection(cast(WebSocket, None), room="nowhere", client_id="c")
     try:
         with pytest.raises(REDIS_DOWN):
@@ -86,16 +87,16 @@ async def test_a_join_that_fails_leaves_no_half_joined_room() -> None:
         assert hub.rooms == {} and hub.cursor("nowhere") is None
         await hub.leave(client)  # and leaving never raises
     finally:
-        await hub.close()
+        await hub.aclose()
         await redis.aclose()
 
 
-async def test_the_directory_reads_the_worker_registry_and_reports_loops_down(redis_url: str) -> None:
+async def test_the_directory_reads_the_worker_registry_and_reports_loops_down(redis_url: str, stores: Stores) -> None:
     """No SCAN of the keyspace every 2 s: the ``vx:workers`` registry names the workers, their
     heartbeat hashes say what they serve and which of their loops are down."""
     admin = redis.Redis.from_url(redis_url, decode_responses=True)
     text = redis_client.from_url(redis_url, decode_responses=True)
-    directory = WorkerDirectory(text)
+    directory = WorkerDirectory((await stores.open(redis_url)).commands())
     tag = uuid.uuid4().hex[:8]
     alive, troubled, dead = f"alive-{tag}", f"troubled-{tag}", f"dead-{tag}"
     now_ms = int(time.time() * 1000)
@@ -116,7 +117,7 @@ async def test_the_directory_reads_the_worker_registry_and_reports_loops_down(re
         admin.delete(keys.worker_heartbeat(alive), keys.worker_heartbeat(troubled))
         admin.zrem(keys.WORKERS, alive, troubled, dead)
         admin.close()
-        await directory.aclose()
+        await directory.auto.aclose()
         await text.aclose()
 
 
@@ -125,13 +126,13 @@ def _calls(admin: redis.Redis, command: str) -> int:
     return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
 
 
-async def test_hub_readers_wait_out_a_redis_loading_its_data(own_redis: RedisServer) -> None:
+async def test_hub_readers_wait_out_a_redis_loading_its_data(own_redis: RedisServer, stores: Stores) -> None:
     """Redis restarted from a large AOF answers ``-LOADING`` for a while: the room's reader backs
     off (it does not die) and the room's entries reach its client once Redis has loaded."""
     proxy = await LoadingProxy(own_redis.port).start()
     redis_bytes = redis_client.from_url(proxy.url, decode_responses=False)
     direct = redis.Redis.from_url(own_redis.url)
-    hub = RoomHub(redis_bytes, f"test-{uuid.uuid4().hex[:6]}")
+    hub = RoomHub(await stores.open(redis_bytes), f"test-{uuid.uuid4().hex[:6]}")
     client = ClientConnection(cast(WebSocket, None), room="reload", client_id="c")
     try:
         await hub.join(client)
@@ -145,7 +146,7 @@ async def test_hub_readers_wait_out_a_redis_loading_its_data(own_redis: RedisSer
                 await asyncio.sleep(0.05)
         assert hub.supervisor.snapshot()["hub:reader:0"]["restarts"] == 0, "backed off, never died"
     finally:
-        await hub.close()
+        await hub.aclose()
         await redis_bytes.aclose()
         direct.close()
         await proxy.aclose()
@@ -194,7 +195,7 @@ async def test_a_hub_reader_that_dies_is_restarted_and_readyz_names_it_while_dow
             body = await wait_ready(port, 200)
             assert body["loops_down"] == [] and "127.0.0.1" not in str(body), "no Redis address for anyone"
             async with RoomClient(port, "phoenix") as client:
-                reader = state.hub._readers[0]
+                reader = state.hub.source._readers[0]
                 state.supervisor.first_backoff_s = 3.0  # down long enough to be seen
                 wire_call = reader.wire.call
                 failed = asyncio.Event()

@@ -15,11 +15,12 @@ import numpy as np
 import psutil
 from starlette.websockets import WebSocket
 
+from app.fanout.connection import ClientConnection
 from app.fanout.hub import RoomHub
-from app.room.connection import ClientConnection
 from tests.conftest import Stack
 from tests.support.processes import start_gateway, start_worker
 from tests.support.room_client import RoomClient
+from tests.support.stores import Stores
 from voxroom.store import clients as redis_client
 from voxroom.store import keys
 from voxroom.store.server import RedisServer
@@ -141,13 +142,13 @@ async def test_a_crowd_joining_and_leaving_at_once_loses_no_room(stack: Stack, t
         gateway.stop()
 
 
-async def test_the_hub_takes_hundreds_of_joins_and_leaves_at_once(redis_url: str) -> None:
+async def test_the_hub_takes_hundreds_of_joins_and_leaves_at_once(redis_url: str, stores: Stores) -> None:
     """The crowd one level down, deterministic: 300 rooms leave while 300 others join, in one
     loop turn. Every leave wakes its reader and every join reads its room's tail; on redis-py's
     default pool (100 connections) the leaves' wakes took them all and the joins failed with
     ``MaxConnectionsError``, leaving rooms half-joined (a later leave raised ``KeyError``)."""
     redis = redis_client.from_url(redis_url, decode_responses=False)
-    hub = RoomHub(redis, f"test-{uuid.uuid4().hex[:6]}")
+    hub = RoomHub(await stores.open(redis), f"test-{uuid.uuid4().hex[:6]}")
     tag = uuid.uuid4().hex[:8]
 
     def crowd(name: str) -> list[ClientConnection]:
@@ -169,7 +170,7 @@ async def test_the_hub_takes_hundreds_of_joins_and_leaves_at_once(redis_url: str
         async with asyncio.timeout(5):
             while again.depth == 0:  # noqa: ASYNC110 (a test polling a plain counter)
                 await asyncio.sleep(0.01)
-        assert all(r.task is not None and not r.task.done() for r in hub._readers)
+        assert all(r.task is not None and not r.task.done() for r in hub.source._readers)
     finally:
-        await hub.close()
+        await hub.aclose()
         await redis.aclose()

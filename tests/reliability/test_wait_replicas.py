@@ -22,12 +22,14 @@ import httpx
 import pytest
 import redis
 
-from app.ingress.say_script import Ingress, NotReplicated, check_wait
 from tests.support.processes import Proc, start_gateway, start_worker
 from tests.support.room_client import RoomClient
+from tests.support.stores import Stores
+from voxroom.errors import NotReplicated
 from voxroom.store import clients as redis_client
 from voxroom.store import keys
 from voxroom.store.backoff import REDIS_DOWN
+from voxroom.store.replicas import check_wait
 from voxroom.store.server import RedisServer
 
 VOICE = "en-espeak"
@@ -210,12 +212,12 @@ def test_a_wait_setting_that_could_block_forever_is_refused_at_start() -> None:
 
 @pytest.mark.parametrize("one_connection", [True, False], ids=["one-connection", "pooled-tls-path"])
 async def test_ingress_in_process_waits_and_refuses_on_either_connection_path(
-        replicated: Replicated, one_connection: bool) -> None:
+        replicated: Replicated, one_connection: bool, stores: Stores) -> None:
     """The ``Ingress`` alone: its pipeline's one connection, and the path for TLS where a batch
     may go out on another pooled connection than the accept's (``EXPIRE`` + ``WAIT`` in a group)."""
     client = redis_client.from_url(replicated.primary.url, decode_responses=True)
-    ingress = Ingress(client, wait_replicas=1, wait_timeout_ms=300)
-    ingress._one_connection = one_connection
+    ingress = await stores.ingress(client, wait_replicas=1, wait_timeout_ms=300)
+    ingress._pipe.one_connection = one_connection  # type: ignore[attr-defined]  # the TLS path, forced
     on_replica = redis.Redis(port=replicated.replica.port, decode_responses=True)
     rooms = [f"inproc-{os.urandom(4).hex()}" for _ in range(20)]
     try:

@@ -3,7 +3,7 @@ SIGKILLed, SIGSTOPped, starved of memory, or put behind a Redis that answers ``-
 
 What the worker writes is judged from the rooms' output streams, which is what every listener of
 every gateway receives: every accepted line ends once, in order, its final take whole, nothing of
-it after its ``end`` (``tests/workers/outputs.py``). The audio cache is off: with cache hits the
+it after its ``end`` (``tests/support/outputs.py``). The audio cache is off: with cache hits the
 contexts empty at once and intake races are not exercised. The engine is the synthetic one, whose
 lines are as long as their text says (about 14 characters a second) and cost no CPU.
 """
@@ -20,8 +20,8 @@ from pathlib import Path
 import hiredis
 from redis.asyncio import Redis
 
+from tests.support.outputs import add_jobs, problems, read_out, wait_ends
 from tests.support.processes import Proc, start_worker
-from tests.workers.outputs import add_jobs, problems, read_out, wait_ends
 from voxroom.store import keys
 from voxroom.store.server import RedisServer
 

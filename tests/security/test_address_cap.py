@@ -18,9 +18,9 @@ import websockets
 
 from app.room.address_slots import AddressSlots
 from tests.conftest import Stack
-from tests.security.clients import close_of, connect_from, next_json
-from tests.security.gauges import wait_connections
+from tests.support.gauges import wait_connections
 from tests.support.processes import Proc, start_gateway
+from tests.support.ws_clients import close_of, connect_from, next_json
 from voxroom.wire.protocol import CloseCode
 
 CAP = 3

@@ -19,8 +19,8 @@ import jwt
 import pytest
 
 from tests.conftest import Stack
-from tests.security.clients import QueryClient, connect, next_json, refusal, ws_url
 from tests.support.processes import ROOT, Proc, base_env, start_gateway
+from tests.support.ws_clients import QueryClient, connect, next_json, refusal, ws_url
 from voxroom.store.server import free_port
 from voxroom.wire import tokens
 from voxroom.wire.protocol import CloseCode, ErrorCode

@@ -23,9 +23,9 @@ import redis
 import websockets
 
 from tests.conftest import Stack
-from tests.security.clients import QueryClient, close_of, connect, key_snapshot, next_json, refusal, ws_url
-from tests.security.gauges import wait_connections
+from tests.support.gauges import wait_connections
 from tests.support.processes import Proc, start_gateway, start_worker
+from tests.support.ws_clients import QueryClient, close_of, connect, key_snapshot, next_json, refusal, ws_url
 from voxroom.store import keys
 from voxroom.store.server import RedisServer
 from voxroom.wire.protocol import MAX_FRAME_BYTES, MAX_TEXT_CHARS, CloseCode, ErrorCode

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.conftest import Stack
-from tests.security.gauges import peak_rss_mib, rss_mib
+from tests.support.gauges import peak_rss_mib, rss_mib
 from tests.support.processes import Proc, start_gateway
 
 BODY_BYTES = 200 * 1024 * 1024

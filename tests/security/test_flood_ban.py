@@ -15,8 +15,8 @@ import websockets
 
 from app.room.floodban import FloodBans
 from tests.conftest import Stack
-from tests.security.clients import QueryClient, close_of, connect, connect_from, next_json, ws_url
 from tests.support.processes import Proc, start_gateway
+from tests.support.ws_clients import QueryClient, close_of, connect, connect_from, next_json, ws_url
 from voxroom.wire.protocol import CloseCode
 
 # --- the table ------------------------------------------------------------------------------------

@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from tests.conftest import Stack
-from tests.security.clients import QueryClient
 from tests.support.processes import Proc, start_gateway
+from tests.support.ws_clients import QueryClient
 
 HANDSHAKE_TIMEOUT_S = 1.0
 HALF_OPEN = 200

@@ -15,8 +15,9 @@ import pytest
 import redis
 
 from tests.conftest import Stack
-from tests.security.clients import QueryClient, close_of, connect, next_json, refusal, ws_url
 from tests.support.processes import start_gateway
+from tests.support.stores import Stores
+from tests.support.ws_clients import QueryClient, close_of, connect, next_json, refusal, ws_url
 from voxroom.store import keys
 from voxroom.wire import tokens
 from voxroom.wire.protocol import MAX_SAY_SEQ, CloseCode, ErrorCode
@@ -121,15 +122,16 @@ async def test_a_token_subject_in_a_reserved_namespace_is_refused(gateways: tupl
 
 
 async def test_claims_are_refreshed_recovered_after_a_flush_and_released_only_by_their_owner(
-        redis_url: str, room: str) -> None:
+        redis_url: str, room: str, stores: Stores) -> None:
     from redis.asyncio import Redis
 
     from app.room.identity import ClientClaims
 
     client = Redis.from_url(redis_url, decode_responses=True)
     try:
-        mine = ClientClaims(client, "gw-a", ttl_s=5.0)
-        theirs = ClientClaims(client, "gw-b", ttl_s=5.0)
+        store = await stores.open(redis_url)
+        mine = ClientClaims(store.commands(), store.slot_of, "gw-a", ttl_s=5.0)
+        theirs = ClientClaims(store.commands(), store.slot_of, "gw-b", ttl_s=5.0)
         owner = await mine.claim(room, "c-alice")
         assert owner is not None and await theirs.claim(room, "c-alice", wait_s=0.0) is None
         key = keys.room_client_claim(room, "c-alice")
@@ -151,6 +153,8 @@ async def test_claims_are_refreshed_recovered_after_a_flush_and_released_only_by
         assert await mine.claim(room, "c-bob") and await mine.claim(room, "c-eve")
         await mine.release_all()
         assert not await client.exists(keys.room_client_claim(room, "c-bob"), keys.room_client_claim(room, "c-eve"))
+        await mine.aclose()
+        await theirs.aclose()
     finally:
         await client.aclose()
 

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from app.room.ratelimit import TokenBucket
 from tests.conftest import Stack
-from tests.security.clients import QueryClient, connect, next_json, ws_url
 from tests.support.processes import start_gateway
+from tests.support.ws_clients import QueryClient, connect, next_json, ws_url
 from voxroom.wire.protocol import CloseCode, ErrorCode
 
 # --- the bucket, with the clock passed in ---------------------------------------------------------

@@ -14,7 +14,7 @@ from pathlib import Path
 import redis
 import websockets
 
-from tests.security.gauges import connections, peak_rss_mib, rss_mib, wait_connections
+from tests.support.gauges import connections, peak_rss_mib, rss_mib, wait_connections
 from tests.support.processes import start_gateway, start_worker
 from tests.support.room_client import RoomClient
 from voxroom.store import keys

@@ -21,9 +21,9 @@ import pytest
 import websockets
 
 from tests.conftest import Stack
-from tests.security.clients import QueryClient, close_of, connect, next_json, ws_url
-from tests.security.gauges import wait_connections
+from tests.support.gauges import wait_connections
 from tests.support.processes import Proc, start_gateway
+from tests.support.ws_clients import QueryClient, close_of, connect, next_json, ws_url
 from voxroom.runtime import client_faults_log
 from voxroom.wire.protocol import CloseCode, ErrorCode
 

@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from tests.support.waiting import scaled
 from voxroom.store.server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,6 +68,7 @@ def base_env(redis_url: str, **extra: str) -> dict[str, str]:
 
 
 def wait_http(url: str, timeout: float = 30.0, proc: Proc | None = None) -> None:
+    timeout = scaled(timeout)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and not proc.alive():
@@ -104,7 +106,7 @@ def start_worker(redis_url: str, log_dir: Path, *, engine: str = "offline", cont
     env.setdefault("VOXROOM_WORKER_METRICS_PORT", str(free_port()))
     proc = Proc([sys.executable, "-m", "voxroom_cli", "worker", "--engine", engine, "--contexts", str(contexts)],
                 base_env(redis_url, **env), log_dir / f"{name}-{time.monotonic_ns()}.log")
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + scaled(60)
     while "ready:" not in proc.log_text():
         if not proc.alive():
             raise RuntimeError(f"worker died while starting:\n{proc.log_text()[-3000:]}")

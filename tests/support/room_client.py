@@ -13,6 +13,7 @@ import numpy as np
 import numpy.typing as npt
 import websockets
 
+from tests.support.waiting import scaled
 from voxroom.wire.protocol import AudioFrame
 
 
@@ -115,6 +116,7 @@ class RoomClient:
         return self._seq
 
     async def wait_for(self, predicate: Any, timeout: float) -> None:
+        timeout = scaled(timeout)
         deadline = asyncio.get_running_loop().time() + timeout
         while not predicate(self.got):
             if self.closed is not None and not predicate(self.got):

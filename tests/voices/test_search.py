@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.api.voice_search import (
+from app.ingress.voice_search import (
     DIM,
     VOCAB_DIMS,
     VOCABULARY,

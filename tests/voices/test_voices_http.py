@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import httpx
 
-from tests.audio_analysis import is_speech_like
 from tests.conftest import Stack
+from tests.support.audio import is_speech_like
 from tests.support.room_client import RoomClient
 from voxroom.wire.protocol import ROOM_RATE
 

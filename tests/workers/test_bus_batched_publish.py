@@ -10,12 +10,14 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import DataError, ResponseError
 
+from tests.support.stores import Stores
+from voxroom.errors import OwnershipLost
 from voxroom.store import keys
-from workers.bus import PUBLISH_BATCH_JOBS, OwnershipLost, WorkerBus
-from workers.intake.job import Job
+from voxroom.store.jobs import PUBLISH_BATCH_JOBS, FencedJobBus
+from voxroom.wire.jobs import Job
 
 
-async def _jobs(r: Redis, bus: WorkerBus, rooms: list[str]) -> list[Job]:
+async def _jobs(r: Redis, bus: FencedJobBus, rooms: list[str]) -> list[Job]:
     await bus.ensure_group()
     for room in rooms:
         await r.xadd(keys.JOBS, {"room": room, "seq": 1, "text": "x", "voice": "v", "prev_voice": "v", "time": 0})
@@ -33,8 +35,8 @@ def _chunks(seq: int, first: int, n: int) -> list[dict[Any, Any]]:
     return [{"kind": "chunk", "seq": seq, "chunk": c, "frame": f"frame-{c}".encode()} for c in range(first, first + n)]
 
 
-async def test_one_loop_turn_of_publishes_is_one_script_each_room_in_order(r: Redis) -> None:
-    bus = WorkerBus(r, "w-batch")
+async def test_one_loop_turn_of_publishes_is_one_script_each_room_in_order(r: Redis, stores: Stores) -> None:
+    bus = await stores.bus(r, "w-batch")
     try:
         rooms = [f"batch-{i}" for i in range(10)]
         jobs = await _jobs(r, bus, rooms)
@@ -54,8 +56,8 @@ async def test_one_loop_turn_of_publishes_is_one_script_each_room_in_order(r: Re
         await bus.close()
 
 
-async def test_more_rooms_than_a_script_takes_are_several_scripts(r: Redis) -> None:
-    bus = WorkerBus(r, "w-many")
+async def test_more_rooms_than_a_script_takes_are_several_scripts(r: Redis, stores: Stores) -> None:
+    bus = await stores.bus(r, "w-many")
     try:
         rooms = [f"many-{i}" for i in range(PUBLISH_BATCH_JOBS + 5)]
         jobs = await _jobs(r, bus, rooms)
@@ -68,8 +70,8 @@ async def test_more_rooms_than_a_script_takes_are_several_scripts(r: Redis) -> N
         await bus.close()
 
 
-async def test_a_job_taken_by_another_worker_fails_alone(r: Redis) -> None:
-    bus = WorkerBus(r, "w-fence")
+async def test_a_job_taken_by_another_worker_fails_alone(r: Redis, stores: Stores) -> None:
+    bus = await stores.bus(r, "w-fence")
     try:
         rooms = ["fence-a", "fence-b", "fence-c"]
         a, b, c = await _jobs(r, bus, rooms)
@@ -85,8 +87,8 @@ async def test_a_job_taken_by_another_worker_fails_alone(r: Redis) -> None:
         await bus.close()
 
 
-async def test_a_write_redis_refuses_fails_only_its_job(r: Redis) -> None:
-    bus = WorkerBus(r, "w-wrongtype")
+async def test_a_write_redis_refuses_fails_only_its_job(r: Redis, stores: Stores) -> None:
+    bus = await stores.bus(r, "w-wrongtype")
     try:
         a, b, c = await _jobs(r, bus, ["wt-a", "wt-b", "wt-c"])
         await r.set(keys.room_output("wt-b"), "not a stream")  # its XADD fails: WRONGTYPE
@@ -100,8 +102,8 @@ async def test_a_write_redis_refuses_fails_only_its_job(r: Redis) -> None:
         await bus.close()
 
 
-async def test_an_argument_that_cannot_be_sent_fails_only_its_job(r: Redis) -> None:
-    bus = WorkerBus(r, "w-surrogate")
+async def test_an_argument_that_cannot_be_sent_fails_only_its_job(r: Redis, stores: Stores) -> None:
+    bus = await stores.bus(r, "w-surrogate")
     try:
         a, b = await _jobs(r, bus, ["sur-a", "sur-b"])
         results = await asyncio.gather(bus.publish(a, [{"kind": "start", "seq": 1, "text": "bad \udc80"}]),
@@ -114,8 +116,8 @@ async def test_an_argument_that_cannot_be_sent_fails_only_its_job(r: Redis) -> N
         await bus.close()
 
 
-async def test_a_lone_publish_goes_out_alone(r: Redis) -> None:
-    bus = WorkerBus(r, "w-lone")
+async def test_a_lone_publish_goes_out_alone(r: Redis, stores: Stores) -> None:
+    bus = await stores.bus(r, "w-lone")
     try:
         (job,) = await _jobs(r, bus, ["lone"])
         await bus.publish(job, _chunks(1, 0, 3))

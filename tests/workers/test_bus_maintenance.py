@@ -8,14 +8,15 @@ import asyncio
 
 from redis.asyncio import Redis
 
+from tests.support.stores import Stores
 from voxroom.store import keys
-from workers.bus import MAINTAIN_EVERY_S, WorkerBus
-from workers.intake.job import Job
+from voxroom.store.jobs import MAINTAIN_EVERY_S, FencedJobBus
+from voxroom.wire.jobs import Job
 
 TTL_S = 600
 
 
-async def _owned_job(r: Redis, bus: WorkerBus, room: str) -> Job:
+async def _owned_job(r: Redis, bus: FencedJobBus, room: str) -> Job:
     await bus.ensure_group()
     await r.xadd(keys.JOBS, {"room": room, "seq": 1, "text": "x", "voice": "v", "prev_voice": "v", "time": 0})
     jobs = await bus.read_jobs(1, 100)
@@ -23,8 +24,8 @@ async def _owned_job(r: Redis, bus: WorkerBus, room: str) -> Job:
     return jobs[0]
 
 
-async def test_publishes_refresh_the_room_once_a_second_and_the_end_always(r: Redis) -> None:
-    bus = WorkerBus(r, "w-1", room_idle_ttl_s=TTL_S)
+async def test_publishes_refresh_the_room_once_a_second_and_the_end_always(r: Redis, stores: Stores) -> None:
+    bus = await stores.bus(r, "w-1", room_idle_ttl_s=TTL_S)
     try:
         room = "maint-room"
         out = keys.room_output(room)
@@ -54,8 +55,8 @@ async def test_publishes_refresh_the_room_once_a_second_and_the_end_always(r: Re
         await bus.close()
 
 
-async def test_a_new_utterance_maintains_on_its_first_publish(r: Redis) -> None:
-    bus = WorkerBus(r, "w-2", room_idle_ttl_s=TTL_S)
+async def test_a_new_utterance_maintains_on_its_first_publish(r: Redis, stores: Stores) -> None:
+    bus = await stores.bus(r, "w-2", room_idle_ttl_s=TTL_S)
     try:
         first = await _owned_job(r, bus, "maint-a")
         await bus.publish(first, [{"kind": "chunk", "seq": 1, "chunk": 0}])

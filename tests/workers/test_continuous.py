@@ -17,14 +17,16 @@ import numpy as np
 import pytest
 from redis.asyncio import Redis
 
+from tests.support.stores import Stores
 from voxroom.voices.catalog import Catalog
+from voxroom.wire.jobs import Job
 from voxroom.wire.protocol import ROOM_RATE, SLICE_SAMPLES
 from workers.audio_cache.cache import AudioCache, CachedLine
 from workers.engines.base import Admit, Pcm, SynthesisRequest
 from workers.engines.synthetic import SyntheticEngine
-from workers.intake.job import Job, SliceBuffer, Utterance
 from workers.launch import worker_catalog
 from workers.pool.context import Context
+from workers.utterance import SliceBuffer, Utterance
 
 TTFC_MS = 60.0
 
@@ -100,22 +102,22 @@ class _SlowCache(AudioCache):
         return await super().get(fp)
 
 
-async def _cached_context(redis: Redis, ttfc_ms: float, cache_class: type[AudioCache] = AudioCache,
+async def _cached_context(stores: Stores, redis: Redis, ttfc_ms: float, cache_class: type[AudioCache] = AudioCache,
                           ) -> tuple[Context, SyntheticEngine, AudioCache]:
     engine = SyntheticEngine(ttfc_ms=ttfc_ms, rtf=0.05, max_batch=16, continuous=True)
     catalog = worker_catalog(Catalog.load(), {"synthetic"})
     ctx = Context("cpu#0", "cpu", {"synthetic": engine}, catalog, queue_size=8, inflight=16)
-    ctx.cache = cache_class(redis, slots=64, lru_entries=0)
+    ctx.cache = cache_class(*await stores.cache_pipes(redis), slots=64, lru_entries=0)
     return ctx, engine, ctx.cache
 
 
-async def test_a_cache_hit_takes_the_line_from_an_engine_already_started(redis_url: str) -> None:
+async def test_a_cache_hit_takes_the_line_from_an_engine_already_started(redis_url: str, stores: Stores) -> None:
     """A continuous engine starts every line at once and the cache lookup runs beside it. A hit
     answers long before a first chunk: the line is the cached audio, exactly, early, and the
     engine's row is dropped (nothing synthesized). A miss beside it starts on the engine's clock,
     not a round trip later."""
     redis = Redis.from_url(redis_url)
-    ctx, engine, cache = await _cached_context(redis, ttfc_ms=300.0)
+    ctx, engine, cache = await _cached_context(stores, redis, ttfc_ms=300.0)
     runner = asyncio.create_task(ctx.run(lambda utt: None))
     try:
         tag = uuid.uuid4().hex[:8]
@@ -144,11 +146,11 @@ async def test_a_cache_hit_takes_the_line_from_an_engine_already_started(redis_u
         await redis.aclose()
 
 
-async def test_a_hit_that_comes_after_the_engine_began_steps_aside(redis_url: str) -> None:
+async def test_a_hit_that_comes_after_the_engine_began_steps_aside(redis_url: str, stores: Stores) -> None:
     """The other way round: the engine's first chunk (20 ms) comes before the lookup's answer
     (150 ms). The engine owns the line: its audio plays whole, the late hit changes nothing."""
     redis = Redis.from_url(redis_url)
-    ctx, engine, cache = await _cached_context(redis, ttfc_ms=20.0, cache_class=_SlowCache)
+    ctx, engine, cache = await _cached_context(stores, redis, ttfc_ms=20.0, cache_class=_SlowCache)
     runner = asyncio.create_task(ctx.run(lambda utt: None))
     try:
         utt = _utterance(1, f"The witch brews a potion {uuid.uuid4().hex[:8]}.")

@@ -5,29 +5,33 @@ that frees. Before, every line the context took went into the engine's own FIFO 
 that had queued 16 lines filled it, and rooms that spoke after it waited for all of them.
 
 The engine runs at most ``max_batch`` rows and queues the rest first in, first out, as ChatTTS's
-batcher does (``tests/workers/fifo_engine.py``, the synthetic engine with that limit). Judged by the
+batcher does (``tests/support/fifo_engine.py``, the synthetic engine with that limit). Judged by the
 order of what happened to each line in the engine, never by milliseconds.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
+import functools
 
 from redis.asyncio import Redis
 
-from tests.workers.fifo_engine import FifoEngine
-from tests.workers.outputs import add_jobs
+from tests.support import waiting
+from tests.support.fifo_engine import FifoEngine
+from tests.support.outputs import add_jobs
+from tests.support.stores import Stores
 from voxroom.store import keys
 from voxroom.voices.catalog import Catalog
+from voxroom.wire.jobs import Job
 from workers.engines.base import Engine
-from workers.intake.job import Job, SliceBuffer, Utterance
 from workers.intake.worker import Worker
 from workers.launch import worker_catalog
 from workers.pool import continuous_rows as rows
 from workers.pool.context import Context
 from workers.pool.pool import ContextPool
+from workers.utterance import SliceBuffer, Utterance
+
+until = functools.partial(waiting.until, timeout=60.0, every=0.02)
 
 MAX_BATCH = 2
 CAP = MAX_BATCH + rows.SPARE_ROWS
@@ -36,14 +40,8 @@ SINGLE = "Hello there."  # under a second
 SINGLES = 6
 
 
-async def until(done: Callable[[], bool], what: Callable[[], str], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < deadline, what()
-        await asyncio.sleep(0.02)
 
-
-async def test_rooms_that_speak_after_a_flood_take_the_freed_rows_before_it(r: Redis) -> None:
+async def test_rooms_that_speak_after_a_flood_take_the_freed_rows_before_it(r: Redis, stores: Stores) -> None:
     """Room F queues 16 lines; once its first line sounds, six rooms say one line each. The engine
     holds F's first ``CAP`` lines (nothing else was queued) and never more than ``CAP``; every
     row that frees goes to a single-line room (F has seconds of audio buffered, they have none),
@@ -60,7 +58,7 @@ async def test_rooms_that_speak_after_a_flood_take_the_freed_rows_before_it(r: R
     pool = ContextPool(["cpu"], engines, catalog, queue_size=16, inflight=64, backlog=64)
     await r.xgroup_create(keys.JOBS, keys.JOBS_GROUP, id="0", mkstream=True)
     await add_jobs(r, [("F", FLOOD)] * 16)
-    worker = Worker(r, pool, catalog, shutdown_timeout_s=1.0, claim_idle_ms=5000)
+    worker = Worker(await stores.open(r), pool, catalog, shutdown_timeout_s=1.0, claim_idle_ms=5000)
     task = asyncio.create_task(worker.run(), name="test:worker")
     singles = [f"s{i}/1" for i in range(SINGLES)]
     nxt = f"F/{CAP + 1}"

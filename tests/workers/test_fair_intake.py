@@ -17,7 +17,8 @@ from collections.abc import Iterator
 
 from redis.asyncio import Redis
 
-from tests.workers.outputs import add_jobs
+from tests.support.outputs import add_jobs
+from tests.support.stores import Stores
 from voxroom.store import keys
 from voxroom.voices.catalog import Catalog
 from workers.engines.base import Engine, Pcm, SynthesisRequest
@@ -43,7 +44,7 @@ class RecordingEngine(SyntheticEngine):
         return super().stream(request, cancel)
 
 
-async def engine_order(r: Redis, *, fair: bool) -> list[str]:
+async def engine_order(stores: Stores, r: Redis, *, fair: bool) -> list[str]:
     """Queue the flood (16 lines of room F), then one line in each of 8 rooms, start a worker
     with one context, and return the order its engine got lines in once every single-line room's
     line reached it."""
@@ -58,7 +59,7 @@ async def engine_order(r: Redis, *, fair: bool) -> list[str]:
     await add_jobs(r, [("F", FLOOD)] * 16)
     singles = [f"s{i}" for i in range(SINGLES)]
     await add_jobs(r, [(room, SINGLE) for room in singles])
-    worker = Worker(r, pool, catalog, shutdown_timeout_s=1.0, claim_idle_ms=5000)
+    worker = Worker(await stores.open(r), pool, catalog, shutdown_timeout_s=1.0, claim_idle_ms=5000)
     task = asyncio.create_task(worker.run(), name="test:worker")
     try:
         deadline = time.monotonic() + 60
@@ -72,8 +73,8 @@ async def engine_order(r: Redis, *, fair: bool) -> list[str]:
         await asyncio.wait_for(task, 30)
 
 
-async def test_single_line_rooms_pass_a_room_flooding_its_backlog(r: Redis) -> None:
-    order = await engine_order(r, fair=True)
+async def test_single_line_rooms_pass_a_room_flooding_its_backlog(r: Redis, stores: Stores) -> None:
+    order = await engine_order(stores, r, fair=True)
     assert order[0] == "F/1"
     singles = [i for i, line in enumerate(order) if not line.startswith("F/")]
     flood = [line for line in order[:max(singles) + 1] if line.startswith("F/")]
@@ -84,7 +85,7 @@ async def test_single_line_rooms_pass_a_room_flooding_its_backlog(r: Redis) -> N
     assert flood_all == [f"F/{i}" for i in range(1, len(flood_all) + 1)], "the flood's lines in order"
 
 
-async def test_fifo_mode_serves_the_flood_first(r: Redis) -> None:
+async def test_fifo_mode_serves_the_flood_first(r: Redis, stores: Stores) -> None:
     # The comparison bench/fairness.py makes (VOXROOM_CONTEXT_FAIR=0): the behaviour before.
-    order = await engine_order(r, fair=False)
+    order = await engine_order(stores, r, fair=False)
     assert order[:16] == [f"F/{i}" for i in range(1, 17)], order

@@ -14,15 +14,17 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from tests.workers.outputs import add_jobs, problems, read_out, wait_ends
+from tests.support.outputs import add_jobs, problems, read_out, wait_ends
+from tests.support.stores import Stores
 from voxroom.store import keys
 from voxroom.voices.catalog import Catalog
+from voxroom.wire.jobs import Job
 from workers.engines.base import Engine
 from workers.engines.synthetic import SyntheticEngine
-from workers.intake.job import Job, SliceBuffer, Utterance
 from workers.intake.worker import Worker
 from workers.launch import worker_catalog
 from workers.pool.pool import ContextPool
+from workers.utterance import SliceBuffer, Utterance
 
 LINE = "A line of about forty characters, spoken."  # about 3 s of audio
 
@@ -44,7 +46,7 @@ class Running:
 
     async def ready(self) -> Running:
         deadline = time.monotonic() + 10
-        while not await self.worker.redis.exists(keys.worker_heartbeat(self.worker.id)):
+        while not await self.worker.bus.auto.call("EXISTS", keys.worker_heartbeat(self.worker.id)):
             assert not self.task.done(), self.task
             assert time.monotonic() < deadline, "worker did not start"
             await asyncio.sleep(0.02)
@@ -55,13 +57,13 @@ class Running:
         await asyncio.wait_for(self.task, 30)
 
 
-async def start(r: Redis, pool: ContextPool, **options: Any) -> Running:
+async def start(stores: Stores, r: Redis, pool: ContextPool, **options: Any) -> Running:
     options.setdefault("claim_idle_ms", 600)
-    worker = Worker(r, pool, pool.contexts[0].catalog, shutdown_timeout_s=2.0, **options)
+    worker = Worker(await stores.open(r), pool, pool.contexts[0].catalog, shutdown_timeout_s=2.0, **options)
     return await Running(worker).ready()
 
 
-async def test_claims_that_fill_the_pool_while_a_read_waits_never_kill_intake(r: Redis, raw: Redis) -> None:
+async def test_claims_that_fill_the_pool_while_a_read_waits_never_kill_intake(r: Redis, raw: Redis, stores: Stores) -> None:
     # A dead worker left three lines pending. The new worker (room for one line in synthesis and
     # one queued) blocks in a read for one job; its claim passes meanwhile fill the pool with the
     # stale lines, which play for seconds; then new lines arrive. Before, the read returned a job
@@ -71,7 +73,7 @@ async def test_claims_that_fill_the_pool_while_a_read_waits_never_kill_intake(r:
     await add_jobs(r, [(room, LINE) for room in stale])
     await r.xreadgroup(keys.JOBS_GROUP, "ghost", {keys.JOBS: ">"}, count=10)
     await asyncio.sleep(0.7)  # idle past claim_idle_ms
-    worker = await start(r, make_pool(queue=1, inflight=1))
+    worker = await start(stores, r, make_pool(queue=1, inflight=1))
     try:
         await asyncio.sleep(1.0)  # claim passes every 0.3 s: the pool is full, the read still waits
         fresh = [f"_api-fresh-{i}" for i in range(3)]
@@ -88,7 +90,7 @@ async def test_claims_that_fill_the_pool_while_a_read_waits_never_kill_intake(r:
 
 
 async def test_a_line_claimed_from_a_dead_worker_passes_a_pool_full_of_its_successors(r: Redis,
-                                                                                    raw: Redis) -> None:
+                                                                                    raw: Redis, stores: Stores) -> None:
     # The dead worker held line 1; this worker read lines 2 and 3 of the same room, which fill its
     # pool (one slot, one queue place) and wait for line 1's turn. Line 1, claimed, must get in
     # anyway: refused for want of room, the room would wait order_wait_ms and skip it.
@@ -96,7 +98,7 @@ async def test_a_line_claimed_from_a_dead_worker_passes_a_pool_full_of_its_succe
     await add_jobs(r, [("_api-inverted", "The first line.")])
     await r.xreadgroup(keys.JOBS_GROUP, "ghost", {keys.JOBS: ">"}, count=10)
     await add_jobs(r, [("_api-inverted", "The second line."), ("_api-inverted", "The third line.")])
-    worker = await start(r, make_pool(queue=1, inflight=1), order_wait_ms=60_000)
+    worker = await start(stores, r, make_pool(queue=1, inflight=1), order_wait_ms=60_000)
     try:
         got = await wait_ends(raw, {"_api-inverted": 3}, 30)
         assert problems(got["_api-inverted"], 3) == []
@@ -104,11 +106,11 @@ async def test_a_line_claimed_from_a_dead_worker_passes_a_pool_full_of_its_succe
         await worker.stop()
 
 
-async def test_a_full_pool_reads_again_as_soon_as_a_queue_slot_opens(r: Redis, raw: Redis) -> None:
+async def test_a_full_pool_reads_again_as_soon_as_a_queue_slot_opens(r: Redis, raw: Redis, stores: Stores) -> None:
     # One context with a queue of one: the first line leaves the queue for synthesis at once and
     # then plays for seconds. The next line (another room) must be read and start playing then,
     # not after the first line has finished playing.
-    worker = await start(r, make_pool(queue=1, inflight=4))
+    worker = await start(stores, r, make_pool(queue=1, inflight=4))
     try:
         await add_jobs(r, [("long-room", LINE + " " + LINE)])  # about 6 s, paced in real time
         await asyncio.sleep(0.3)
@@ -123,11 +125,11 @@ async def test_a_full_pool_reads_again_as_soon_as_a_queue_slot_opens(r: Redis, r
         await worker.stop()
 
 
-async def test_a_batch_takes_only_the_free_slots(r: Redis, raw: Redis) -> None:
+async def test_a_batch_takes_only_the_free_slots(r: Redis, raw: Redis, stores: Stores) -> None:
     # docker-compose's values: a batch of 8 and two utterances in flight per context. Three lines
     # at once: the batch takes two, the third waits in the queue for a slot (before, the batch
     # waited on the slot that only its own publishing could give back: the context hung).
-    worker = await start(r, make_pool(queue=4, inflight=2, max_batch=8))
+    worker = await start(stores, r, make_pool(queue=4, inflight=2, max_batch=8))
     try:
         rooms = [f"_api-batch-{i}" for i in range(3)]
         await add_jobs(r, [(room, LINE) for room in rooms])
@@ -179,8 +181,8 @@ async def test_submit_puts_a_rooms_later_lines_behind_its_first_unless_a_context
     pool.close()
 
 
-async def test_a_job_another_worker_claimed_gets_no_more_writes(r: Redis, raw: Redis) -> None:
-    worker = await start(r, make_pool(), claim_idle_ms=3000)
+async def test_a_job_another_worker_claimed_gets_no_more_writes(r: Redis, raw: Redis, stores: Stores) -> None:
+    worker = await start(stores, r, make_pool(), claim_idle_ms=3000)
     try:
         await add_jobs(r, [("fenced", LINE + " " + LINE)])
         deadline = time.monotonic() + 20
@@ -205,10 +207,10 @@ async def test_a_job_another_worker_claimed_gets_no_more_writes(r: Redis, raw: R
         await worker.stop()
 
 
-async def test_lines_waiting_for_their_turn_share_one_blocked_read(r: Redis, raw: Redis) -> None:
+async def test_lines_waiting_for_their_turn_share_one_blocked_read(r: Redis, raw: Redis, stores: Stores) -> None:
     # Eight rooms, each with a line playing and the next one waiting for its turn: one blocked
     # XREAD watches them all (before: one pooled connection blocked per waiting line).
-    worker = await start(r, make_pool(queue=16, inflight=16))
+    worker = await start(stores, r, make_pool(queue=16, inflight=16))
     try:
         rooms = [f"turns-{i}" for i in range(8)]
         await add_jobs(r, [(room, LINE) for room in rooms] + [(room, "Next.") for room in rooms])
@@ -226,8 +228,8 @@ async def test_lines_waiting_for_their_turn_share_one_blocked_read(r: Redis, raw
         await worker.stop()
 
 
-async def test_room_keys_get_the_idle_ttl_and_the_worker_registers(r: Redis, raw: Redis) -> None:
-    worker = await start(r, make_pool(), room_idle_ttl_s=120)
+async def test_room_keys_get_the_idle_ttl_and_the_worker_registers(r: Redis, raw: Redis, stores: Stores) -> None:
+    worker = await start(stores, r, make_pool(), room_idle_ttl_s=120)
     try:
         await add_jobs(r, [("ttl-room", "Short.")])
         got = await wait_ends(raw, {"ttl-room": 1}, 20)
@@ -247,9 +249,9 @@ async def test_room_keys_get_the_idle_ttl_and_the_worker_registers(r: Redis, raw
     assert not await r.exists(keys.worker_heartbeat(wid))
 
 
-async def test_the_output_stream_keeps_the_resume_window_not_a_count(r: Redis, raw: Redis) -> None:
+async def test_the_output_stream_keeps_the_resume_window_not_a_count(r: Redis, raw: Redis, stores: Stores) -> None:
     # Trimmed by time (XADD MINID ~): entries older than the window go, whole stream nodes at a time.
-    worker = await start(r, make_pool(), resume_window_ms=1000)
+    worker = await start(stores, r, make_pool(), resume_window_ms=1000)
     try:
         room = "_api-window"
         await add_jobs(r, [(room, LINE)] * 4)

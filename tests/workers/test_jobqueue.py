@@ -7,9 +7,10 @@ import asyncio
 
 import pytest
 
-from workers.intake.job import Job, SliceBuffer, Utterance
+from voxroom.wire.jobs import Job
 from workers.pool import line_queue as jobqueue
 from workers.pool.line_queue import URGENT_MS, JobQueue
+from workers.utterance import SliceBuffer, Utterance
 
 
 def utt(room: str, seq: int) -> Utterance:

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import asyncio
 
-from workers.intake.job import Job, SliceBuffer, Utterance
+from voxroom.wire.jobs import Job
 from workers.pool.line_queue import JobQueue
+from workers.utterance import SliceBuffer, Utterance
 
 
 def utt(room: str, seq: int, voice: str = "gpu") -> Utterance:

@@ -11,11 +11,12 @@ import itertools
 import numpy as np
 
 from voxroom.voices.catalog import Catalog, Voice
+from voxroom.wire.jobs import Job
 from workers.engines.base import Engine
 from workers.engines.synthetic import SyntheticEngine
-from workers.intake.job import Job, SliceBuffer, Utterance
 from workers.pool.context import Context
 from workers.pool.pool import ContextPool
+from workers.utterance import SliceBuffer, Utterance
 
 OTHER_VOICE = "en-espeak"
 """Spoken by the engine named ``other`` here; every other voice by ``synthetic``."""

@@ -15,18 +15,22 @@ import numpy as np
 import pytest
 from redis.asyncio import Redis
 
+from tests.support.stores import Stores
+from voxroom.errors import OwnershipLost, TurnLost
 from voxroom.store import keys
+from voxroom.store.interface import Turn
+from voxroom.store.jobs import FencedJobBus
+from voxroom.wire.jobs import Job
 from voxroom.wire.protocol import SLICE_MS, SLICE_SAMPLES
-from workers.bus import OwnershipLost, Turn, TurnLost, WorkerBus
-from workers.intake.job import Job, SliceBuffer, Utterance
 from workers.output.clock import RoomClock
 from workers.output.publisher import publish_utterance
+from workers.utterance import SliceBuffer, Utterance
 
 BOUND_S = 30.0
 """No publish here may take longer (a hung wait fails the test instead of holding it)."""
 
 
-async def _take(r: Redis, bus: WorkerBus, room: str, seq: int) -> Job:
+async def _take(r: Redis, bus: FencedJobBus, room: str, seq: int) -> Job:
     """Put line ``seq`` of ``room`` in ``vx:jobs`` and have ``bus``'s worker take it."""
     await bus.ensure_group()
     await r.xadd(keys.JOBS, {"room": room, "seq": seq, "text": f"Line {seq}.", "voice": "en-joe",
@@ -52,8 +56,8 @@ def _chunks(seq: int, first: int, n: int) -> list[dict[Any, Any]]:
     return [{"kind": "chunk", "seq": seq, "chunk": c, "frame": f"frame-{c}".encode()} for c in range(first, first + n)]
 
 
-async def test_a_skipped_job_fails_alone_in_the_batched_script(r: Redis, raw: Redis) -> None:
-    bus = WorkerBus(r, "w-turn")
+async def test_a_skipped_job_fails_alone_in_the_batched_script(r: Redis, raw: Redis, stores: Stores) -> None:
+    bus = await stores.bus(r, "w-turn")
     try:
         rooms = ["turn-a", "turn-b", "turn-c"]
         a, b, c = [await _take(r, bus, room, 1) for room in rooms]
@@ -92,8 +96,8 @@ async def test_a_skipped_job_fails_alone_in_the_batched_script(r: Redis, raw: Re
         await bus.close()
 
 
-async def test_a_job_whose_room_moved_past_it_before_its_first_publish_writes_nothing(r: Redis, raw: Redis) -> None:
-    bus = WorkerBus(r, "w-turn-first")
+async def test_a_job_whose_room_moved_past_it_before_its_first_publish_writes_nothing(r: Redis, raw: Redis, stores: Stores) -> None:
+    bus = await stores.bus(r, "w-turn-first")
     try:
         job = await _take(r, bus, "turn-first", 2)
         await r.hset(keys.room_state("turn-first"), "next", 3)
@@ -121,12 +125,12 @@ def _fill(utt: Utterance, ms: float) -> None:
 
 @pytest.mark.parametrize("mode", ["paced", "unpaced", "restart"])
 async def test_a_line_skipped_past_after_its_turn_check_is_dropped_as_stale(
-        r: Redis, raw: Redis, mode: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+        r: Redis, raw: Redis, mode: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, stores: Stores) -> None:
     """Line 1 passes its turn check and waits for its engine's first slice; meanwhile line 2 (on
     another worker) skips past it. Before, line 1 then published its whole audio and its end into
     line 2's; now Redis refuses its first publish and the publisher drops it."""
     room = f"{keys.PRIVATE_ROOM_PREFIX}fence" if mode == "unpaced" else f"turn-race-{mode}"
-    a, b = WorkerBus(r, "w-a"), WorkerBus(r, "w-b")
+    a, b = await stores.bus(r, "w-a"), await stores.bus(r, "w-b")
     try:
         first = _utterance(await _take(r, a, room, 1))
         second = _utterance(await _take(r, b, room, 2))

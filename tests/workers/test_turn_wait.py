@@ -14,14 +14,15 @@ import numpy as np
 from redis.asyncio import Redis
 
 from app.fanout.entries import client_items
+from tests.support.outputs import problems, read_out
+from tests.support.stores import Stores
 from voxroom.store import keys
+from voxroom.store.jobs import FencedJobBus
+from voxroom.wire.jobs import Job
 from voxroom.wire.protocol import CODEC_PCM16, SLICE_MS, SLICE_SAMPLES, AudioFrame
-from workers.bus import WorkerBus
-from workers.intake.job import Job, SliceBuffer, Utterance
 from workers.output.clock import RoomClock
 from workers.output.publisher import PublishResult, publish_utterance
-
-from .outputs import problems, read_out
+from workers.utterance import SliceBuffer, Utterance
 
 ORDER_WAIT_MS = 1500
 LONG_MS = 4000
@@ -30,7 +31,7 @@ BOUND_S = 30.0
 """No publish here may take longer (a hung wait fails the test instead of holding it)."""
 
 
-async def _take(r: Redis, bus: WorkerBus, room: str, seq: int) -> Job:
+async def _take(r: Redis, bus: FencedJobBus, room: str, seq: int) -> Job:
     """Put line ``seq`` of ``room`` in ``vx:jobs`` and have ``bus``'s worker take it."""
     await bus.ensure_group()
     await r.xadd(keys.JOBS, {"room": room, "seq": seq, "text": f"Line {seq}.", "voice": "en-joe",
@@ -49,7 +50,7 @@ def _utterance(job: Job, ms: float, *, done: bool = True) -> Utterance:
     return utt
 
 
-async def _publish(bus: WorkerBus, utt: Utterance) -> PublishResult:
+async def _publish(bus: FencedJobBus, utt: Utterance) -> PublishResult:
     return await publish_utterance(bus, utt, RoomClock(), lead_ms=120, order_wait_ms=ORDER_WAIT_MS,
                                    voice_name="en-joe")
 
@@ -67,12 +68,12 @@ async def _wait_started(raw: Redis, room: str) -> None:
     assert got, "the first line never started"
 
 
-async def test_a_line_waits_out_a_predecessor_that_plays_longer_than_the_order_wait(r: Redis, raw: Redis) -> None:
+async def test_a_line_waits_out_a_predecessor_that_plays_longer_than_the_order_wait(r: Redis, raw: Redis, stores: Stores) -> None:
     """The room is told two lines faster than real time: line 2, synthesized and waiting on
     another worker, must not skip past line 1 while line 1 still plays (before, the wait counted
     from when line 2 began to wait: after 1.5 s it skipped, and the two lines' audio interleaved)."""
     room = "turn-long"
-    a, b = WorkerBus(r, "w-a"), WorkerBus(r, "w-b")
+    a, b = await stores.bus(r, "w-a"), await stores.bus(r, "w-b")
     try:
         first = _utterance(await _take(r, a, room, 1), LONG_MS)
         second = _utterance(await _take(r, b, room, 2), 500)
@@ -98,11 +99,11 @@ async def test_a_line_waits_out_a_predecessor_that_plays_longer_than_the_order_w
         await b.close()
 
 
-async def test_a_predecessor_that_never_starts_is_skipped(r: Redis, raw: Redis) -> None:
+async def test_a_predecessor_that_never_starts_is_skipped(r: Redis, raw: Redis, stores: Stores) -> None:
     """Line 1's job is lost (nobody will ever publish it): after ``order_wait_ms`` of silence line
     2 skips past it and plays whole; line 1, should it turn up after all, is dropped as stale."""
     room = "turn-lost"
-    a, b = WorkerBus(r, "w-a"), WorkerBus(r, "w-b")
+    a, b = await stores.bus(r, "w-a"), await stores.bus(r, "w-b")
     try:
         second = _utterance(await _take(r, b, room, 2), 300)
         async with asyncio.timeout(BOUND_S):
@@ -122,11 +123,11 @@ async def test_a_predecessor_that_never_starts_is_skipped(r: Redis, raw: Redis) 
         await b.close()
 
 
-async def test_a_predecessor_that_stops_mid_line_is_skipped(r: Redis, raw: Redis) -> None:
+async def test_a_predecessor_that_stops_mid_line_is_skipped(r: Redis, raw: Redis, stores: Stores) -> None:
     """Progress restarts the wait, and only progress: line 1 plays half a second, then its engine
     never gives another slice; line 2 skips past it after ``order_wait_ms`` of silence."""
     room = "turn-stuck"
-    a, b = WorkerBus(r, "w-a"), WorkerBus(r, "w-b")
+    a, b = await stores.bus(r, "w-a"), await stores.bus(r, "w-b")
     stuck: asyncio.Task[PublishResult] | None = None
     try:
         first = _utterance(await _take(r, a, room, 1), 500, done=False)
@@ -150,12 +151,12 @@ async def test_a_predecessor_that_stops_mid_line_is_skipped(r: Redis, raw: Redis
         await b.close()
 
 
-async def test_lines_behind_a_lost_one_skip_it_once_and_play_in_order(r: Redis, raw: Redis) -> None:
+async def test_lines_behind_a_lost_one_skip_it_once_and_play_in_order(r: Redis, raw: Redis, stores: Stores) -> None:
     """Lines 2 and 3 wait together behind a lost line 1: line 2 skips past it, and line 3 then
     waits for line 2 as for any predecessor (the skip, a move of the turn, starts its wait again)
     instead of skipping past line 2 too when its own wait, begun with line 2's, runs out."""
     room = "turn-two-behind"
-    a, b = WorkerBus(r, "w-a"), WorkerBus(r, "w-b")
+    a, b = await stores.bus(r, "w-a"), await stores.bus(r, "w-b")
     try:
         second = _utterance(await _take(r, a, room, 2), LONG_MS)
         third = _utterance(await _take(r, b, room, 3), 300)

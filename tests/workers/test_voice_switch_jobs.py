@@ -9,12 +9,15 @@ from typing import cast
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 
-from app.ingress.say_script import Ingress
-from voxroom.store import keys
+from tests.support.stores import Stores
+from voxroom.store import inspection, keys
+from voxroom.store.interface import Ingress
 from voxroom.store.server import RedisServer
+from voxroom.store.single.store import SingleLayout
 from voxroom.voices.catalog import Catalog, Voice
+from voxroom.wire.jobs import Job
 from voxroom_cli import rooms
-from workers.intake.job import NO_SWITCH, Job, switch_of
+from workers.utterance import NO_SWITCH, switch_of
 
 CATALOG = Catalog([Voice(v, "chattts", "eng", params={"seed": i}) for i, v in enumerate("abc")], "a")
 
@@ -34,8 +37,8 @@ def _switches(jobs: list[Job]) -> list[tuple[str, int, int] | None]:
     return [(j.switch_from, j.switch_line, j.switch_lines) if j.switch_from else None for j in jobs]
 
 
-async def test_a_switch_is_numbered_over_the_lines_that_follow_it(r: Redis) -> None:
-    ingress = Ingress(r, switch_lines=3)
+async def test_a_switch_is_numbered_over_the_lines_that_follow_it(r: Redis, stores: Stores) -> None:
+    ingress = await stores.ingress(r, switch_lines=3)
     try:
         for n, voice in enumerate(["a", "a", "b", "b"], start=1):
             assert (await ingress.say("room", "amy", n, f"line {n}", voice)).status == "accepted"
@@ -71,8 +74,8 @@ async def test_a_switch_is_numbered_over_the_lines_that_follow_it(r: Redis) -> N
         await ingress.aclose()
 
 
-async def test_one_switch_line_switches_within_the_line_and_keeps_no_state(r: Redis) -> None:
-    ingress = Ingress(r, switch_lines=1)
+async def test_one_switch_line_switches_within_the_line_and_keeps_no_state(r: Redis, stores: Stores) -> None:
+    ingress = await stores.ingress(r, switch_lines=1)
     try:
         jobs = await _say_all(r, ingress, "one", ["a", "b", "b", "c"])
         assert _switches(jobs) == [None, ("a", 0, 1), None, ("b", 0, 1)]
@@ -82,8 +85,8 @@ async def test_one_switch_line_switches_within_the_line_and_keeps_no_state(r: Re
         await ingress.aclose()
 
 
-async def test_rooms_switch_independently(r: Redis) -> None:
-    ingress = Ingress(r, switch_lines=2)
+async def test_rooms_switch_independently(r: Redis, stores: Stores) -> None:
+    ingress = await stores.ingress(r, switch_lines=2)
     try:
         await _say_all(r, ingress, "x", ["a", "b"])
         jobs = await _say_all(r, ingress, "y", ["c", "c", "c"])
@@ -107,15 +110,15 @@ def test_entries_from_older_gateways_switch_within_the_line() -> None:
     assert switch_of(gone, CATALOG) == NO_SWITCH
 
 
-async def test_voxroom_room_shows_a_running_switch(r: Redis, server: RedisServer) -> None:
-    ingress = Ingress(r, switch_lines=3)
+async def test_voxroom_room_shows_a_running_switch(r: Redis, server: RedisServer, stores: Stores) -> None:
+    ingress = await stores.ingress(r, switch_lines=3)
     try:
         await _say_all(r, ingress, "shown", ["a", "b"])
     finally:
         await ingress.aclose()
     sync = SyncRedis.from_url(server.url, decode_responses=True)
     try:
-        (summary,) = rooms.room_summaries(sync, ["shown"])
+        (summary,) = inspection.room_summaries(sync, SingleLayout(), ["shown"])
     finally:
         sync.close()
     assert summary.switch == "a -> b, next line 2 of 3"

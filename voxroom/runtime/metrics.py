@@ -8,7 +8,7 @@ Two kinds of figures:
   how many workers this gateway sees alive) is read at scrape time by :class:`GatewayCollector`
   from a :class:`GatewaySnapshot`, so the fan-out hot path never touches a metric object.
 
-Workers serve their own ``/metrics`` (workers/metrics.py): their time to first audio by stage,
+Workers serve their own ``/metrics`` (workers/intake/metrics.py): their time to first audio by stage,
 contexts, cache and loops. A gateway no longer re-exports them from heartbeats (with N gateways a
 cluster-wide scrape counted every worker N times); it exports only what it knows itself, such as
 ``voxroom_workers_alive``, the live heartbeats its ``/readyz`` counts. The heartbeat hash

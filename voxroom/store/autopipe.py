@@ -44,7 +44,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Sequence
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import hiredis
 from redis._parsers import _AsyncHiredisParser
@@ -58,11 +58,9 @@ from redis.exceptions import DataError, OutOfMemoryError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from voxroom.store.clients import POOL_MAX_CONNECTIONS, POOL_WAIT_S
+from voxroom.store.interface import Command
 
 log = logging.getLogger("voxroom.store.autopipe")
-
-Command = Sequence[Any]
-"""A command as Redis reads it: ``("XADD", key, "MAXLEN", "~", 3000, "*", "field", value)``."""
 
 _Waiter = tuple[int, list[Any], "asyncio.Future[list[Any]]"]
 
@@ -138,18 +136,9 @@ TLS. Not the rest: redis-py's pool puts its own objects there (its RESP3 mainten
 handler, which a RESP2 connection refuses)."""
 
 
-class Commands(Protocol):
-    """What callers of an autopipeline use: :class:`AutoPipeline` on one Redis, or
-    ``voxroom.store.cluster.pipeline.ClusterAutoPipeline`` (one of those per node) on a cluster."""
-
-    async def call(self, *command: Any) -> Any: ...
-
-    async def group(self, commands: Sequence[Command]) -> list[Any]: ...
-
-    async def aclose(self) -> None: ...
-
-
 class AutoPipeline:
+    """:class:`voxroom.store.interface.Commands` on one Redis connection (see the module's docstring)."""
+
     def __init__(self, redis: Redis, *, max_batch: int = 512, max_inflight: int = 10_000,
                  timeout_s: float = 5.0, max_hold_s: float | None = None) -> None:
         self.redis = redis
@@ -170,6 +159,9 @@ class AutoPipeline:
         lean = issubclass(cls, UnixDomainSocketConnection) or (
             issubclass(cls, Connection) and not issubclass(cls, SSLConnection))
         self._wire: _Wire | None = _Wire(pool.connection_kwargs, timeout_s) if lean else None
+        self.one_connection = lean
+        """Whether everything goes out on one connection (``False`` on TLS, whose batches go
+        through redis-py's pool): a ``WAIT`` then counts the writes of the commands before it."""
         self._tls: Redis | None = None if lean else tls_client(cls, pool.connection_kwargs, timeout_s)
         self._batches: set[asyncio.Task[None]] = set()
         self.batches_sent = 0

@@ -9,30 +9,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from voxroom.errors import ConfigError, UnknownVoice
+from voxroom.voices import mix
+from voxroom.voices.voice import Voice
 
-
-@dataclass(frozen=True, slots=True)
-class Voice:
-    id: str
-    engine: str
-    language: str
-    name: str = ""
-    tags: Mapping[str, str] = field(default_factory=dict)
-    params: Mapping[str, Any] = field(default_factory=dict)
-    vector: tuple[float, ...] | None = None
-    """Optional hand-set position in the scene-search space (app/api/voice_search.py); ``None``
-    derives it from the language and tags."""
-
-    def public(self) -> dict[str, Any]:
-        """What clients see (``GET /v1/voices``): no engine parameters such as embeddings."""
-        return {"id": self.id, "engine": self.engine, "language": self.language, "name": self.name,
-                "tags": dict(self.tags)}
+__all__ = ["Catalog", "Voice"]
 
 
 class Catalog:
@@ -70,8 +55,7 @@ class Catalog:
             return self._voices[voice_id]
         except KeyError:
             if "+" in voice_id:
-                from voxroom.voices import mix as voice_mix  # it imports Voice from here
-                return voice_mix.resolve(voice_id, self._own)
+                return mix.resolve(voice_id, self._own)
             raise UnknownVoice(voice_id) from None
 
     def _own(self, voice_id: str) -> Voice:

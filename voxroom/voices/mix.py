@@ -9,7 +9,7 @@ Two spellings name one:
 A mix exists only for engines in :data:`BLENDING_ENGINES` (ChatTTS: a blend is the normalised
 weighted sum of the parts' speaker embeddings, as a catalog ``blend`` voice is) and only of parts
 spoken by the same engine. Anything else is refused with a clear reason, not spoken in some voice.
-The worker builds the same :class:`~voxroom.voices.catalog.Voice` from the id (``Catalog.get``), so a mix
+The worker builds the same :class:`~voxroom.voices.voice.Voice` from the id (``Catalog.get``), so a mix
 needs no catalog entry and no state anywhere.
 """
 
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Final
 
 from voxroom.errors import UnknownVoice
-from voxroom.voices.catalog import Voice
+from voxroom.voices.voice import Voice
 
 BLENDING_ENGINES: Final = frozenset({"chattts"})
 MAX_PARTS: Final = 4

@@ -23,13 +23,11 @@ lines), and every entry expires ``ttl_s`` after it was last written. Two hot lin
 slot evict each other; the in-process LRU in front (``lru_entries`` per worker) keeps the hottest
 ones out of that fight and saves the round trip.
 
-**Calls.** Lookups and stores are one ``EVAL`` each on the entry's one key, sent through a
-:class:`~voxroom.store.cluster.calls.Calls` (``await calls.call(*command)``). Given a single-instance
-``Redis``, the cache makes its own automatic pipelines (``voxroom/store/autopipe.py``): one shared by the
-lookups, one for the stores. Given a Redis Cluster's routed per-node autopipeline
-(``voxroom/store/cluster/pipeline.py``) or ``ClusterCalls``, each command goes to the node of its key's
-slot. A slot key has no hash tag, so Redis Cluster hashes the whole key (CRC16 of
-``vx:cache:<n>``): the slots spread over every primary, and each entry lies whole on one.
+**Calls.** Lookups and stores are one ``EVAL`` each on the entry's one key
+(voxroom/store/lua/cache.py), through two of the store's pipelines: one shared by the lookups, one
+for the stores. On a Redis Cluster each goes to the node of its key's slot. A slot key has no hash
+tag, so Redis Cluster hashes the whole key (CRC16 of ``vx:cache:<n>``): the slots spread over every
+primary, and each entry lies whole on one.
 
 Redis failures never fail an utterance: a lookup that fails is a miss, a store that fails is
 dropped, both counted.
@@ -50,12 +48,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from voxroom.store import keys
-from voxroom.store.autopipe import AutoPipeline
-from voxroom.store.cluster.calls import Calls
+from voxroom.store.interface import Commands
+from voxroom.store.lua import cache as lua
 from voxroom.voices.catalog import Voice
 from voxroom.wire.protocol import ROOM_RATE, SLICE_SAMPLES
 from workers.engines.marks import WordMark
@@ -66,17 +63,6 @@ FORMAT_VERSION = 2
 """Bump when what is stored changes (slicer fades, slice size...): old entries stop matching.
 2: word marks stored beside the PCM."""
 SLICE_BYTES = SLICE_SAMPLES * 2
-_GET = """
-if redis.call('HGET', KEYS[1], 'fp') == ARGV[1] then return redis.call('HMGET', KEYS[1], 'pcm', 'marks') end
-return false
-"""
-_PUT = """
-redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'fp', ARGV[1], 'pcm', ARGV[2], 'marks', ARGV[3], 'rate', ARGV[4], 'v', ARGV[5])
-return redis.call('EXPIRE', KEYS[1], ARGV[6])
-"""
-"""One slot's store, atomic: ``DEL`` first, so a slot is one entry, never a mix of the old line's
-fields and the new one's."""
 _SPACES = re.compile(r"\s+")
 
 
@@ -168,26 +154,18 @@ class AudioCache:
     """Look up and store utterance audio. Event-loop only (no locks): the worker's contexts call it
     from their runner coroutines, never from their synthesis threads.
 
-    ``redis``: a single-instance ``Redis`` (the cache makes and closes its own pipelines on it),
-    or a :class:`~voxroom.store.cluster.calls.Calls` that routes each command to its key's node (the
-    caller owns it and closes it after :meth:`aclose`). Either must not decode responses (the PCM
-    is binary).
+    ``lookups`` and ``writes``: two pipelines of the store (bytes replies: the PCM is binary),
+    owned: closed by :meth:`aclose`. Many contexts look up at once when many rooms speak: their
+    lookups share round trips; stores have a connection of their own, so a lookup never waits
+    behind a store's 100 kB of PCM on the wire (as when stores were MULTIs on a pool).
     """
 
-    def __init__(self, redis: Redis | Calls, *, slots: int = 1024, entry_max_bytes: int = 480_000,
+    def __init__(self, lookups: Commands, writes: Commands, *, slots: int = 1024, entry_max_bytes: int = 480_000,
                  ttl_s: int = 86_400, lru_entries: int = 64, store_queue: int = 256) -> None:
         if slots <= 0:
             raise ValueError("an audio cache needs at least one slot")
-        self._owned: list[AutoPipeline] = []
-        if isinstance(redis, Redis):
-            # Many contexts look up at once when many rooms speak: their lookups share round
-            # trips. Stores have a connection of their own, so a lookup never waits behind a
-            # store's 100 kB of PCM on the wire (as when stores were MULTIs on the pool).
-            self._owned = [AutoPipeline(redis), AutoPipeline(redis)]
-            self._lookups: Calls = self._owned[0]
-            self._writes: Calls = self._owned[1]
-        else:
-            self._lookups = self._writes = redis
+        self._lookups = lookups
+        self._writes = writes
         self.slots = slots
         self.entry_max_bytes = entry_max_bytes
         self.ttl_s = ttl_s
@@ -212,7 +190,7 @@ class AudioCache:
         try:
             # The slot holds whichever line hashed there last: its PCM comes back only when the
             # fingerprint matches (a miss must not carry another line's 100 kB of audio).
-            stored = await self._lookups.call("EVAL", _GET, 1, self.slot_key(fp), fp)
+            stored = await self._lookups.call("EVAL", lua.GET, 1, self.slot_key(fp), fp)
         except (RedisError, OSError) as exc:
             self.stats.errors += 1
             log.warning("audio cache lookup failed (%s); synthesizing", exc)
@@ -236,7 +214,7 @@ class AudioCache:
             self.stats.too_large += 1
             return False
         try:
-            await self._writes.call("EVAL", _PUT, 1, self.slot_key(fp), fp, pcm, encode_marks(marks), ROOM_RATE,
+            await self._writes.call("EVAL", lua.PUT, 1, self.slot_key(fp), fp, pcm, encode_marks(marks), ROOM_RATE,
                                     FORMAT_VERSION, self.ttl_s)
         except (RedisError, OSError) as exc:
             self.stats.errors += 1
@@ -273,10 +251,8 @@ class AudioCache:
                 log.exception("audio cache store failed")
 
     async def aclose(self) -> None:
-        """Close the pipelines the cache made (not a ``Calls`` it was given)."""
-        owned, self._owned = self._owned, []
-        for pipe in owned:
-            await pipe.aclose()
+        await self._lookups.aclose()
+        await self._writes.aclose()
 
     def _remember(self, fp: str, line: CachedLine) -> None:
         if self.lru_entries <= 0:

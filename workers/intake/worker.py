@@ -19,7 +19,7 @@ One asyncio loop per worker process runs, each loop under one :class:`voxroom.ru
 - ``cache:stores``: the audio cache's writer, when the cache is on.
 
 Plus one publisher task per utterance in flight, and, when ``metrics_port`` is set, the
-process's own ``GET /metrics`` (workers/metrics.py, workers/metrics_http.py): an asyncio server on
+process's own ``GET /metrics`` (workers/intake/metrics.py, workers/intake/metrics_http.py): an asyncio server on
 this loop, started before anything else and closed last. Every loop treats ``REDIS_DOWN`` (connection
 lost, timeout, ``LOADING``, ``OOM``, ``READONLY``...) as "back off and retry", never as death.
 
@@ -39,26 +39,25 @@ import uuid
 from collections.abc import Coroutine
 from typing import Any
 
-from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from voxroom.errors import OwnershipLost
 from voxroom.runtime.gc_tuning import freeze_startup_objects
 from voxroom.runtime.metrics import context_fields
 from voxroom.runtime.supervisor import Supervisor
 from voxroom.store import keys
 from voxroom.store.backoff import REDIS_DOWN, Backoff
-from voxroom.store.cluster.calls import ClusterCalls
-from voxroom.store.stream_watcher import StreamWatcher
+from voxroom.store.interface import Store
 from voxroom.voices.catalog import Catalog
+from voxroom.wire.jobs import Job
 from workers.audio_cache.cache import AudioCache
-from workers.bus import OwnershipLost, WorkerBus
-from workers.intake.job import Job, SliceBuffer, Utterance
-from workers.metrics import observe_utterance, stage_seconds, worker_registry
-from workers.metrics_http import MetricsServer
+from workers.intake.metrics import observe_utterance, stage_seconds, worker_registry
+from workers.intake.metrics_http import MetricsServer
 from workers.output.clock import RoomClock
 from workers.output.publisher import PublishResult, publish_utterance
 from workers.pool.context import Context
 from workers.pool.pool import ContextPool
+from workers.utterance import SliceBuffer, Utterance
 
 log = logging.getLogger("voxroom.worker")
 HEARTBEAT_S = 2.0
@@ -68,22 +67,19 @@ READ_BLOCK_MS = 2000
 
 
 class Worker:
-    def __init__(self, redis: Redis, pool: ContextPool, catalog: Catalog, *, worker_id: str | None = None,
+    def __init__(self, store: Store, pool: ContextPool, catalog: Catalog, *, worker_id: str | None = None,
                  lead_ms: float = 120.0, order_wait_ms: float = 30_000.0, claim_idle_ms: int = 5_000,
                  resume_window_ms: int = 120_000, room_idle_ttl_s: int = 3600,
                  shutdown_timeout_s: float = 10.0, clock: RoomClock | None = None, opus_bitrate: int = 0,
                  cache_slots: int = 0, cache_entry_max_bytes: int = 480_000, cache_ttl_s: int = 86_400,
-                 cache_lru_entries: int = 64, metrics_port: int = 0, metrics_host: str = "127.0.0.1",
-                 cluster: ClusterCalls | None = None, raw_cluster: ClusterCalls | None = None,
-                 job_shards: int = 12) -> None:
-        """``cluster``, ``raw_cluster``: on Redis Cluster, clients with text and bytes replies (the
-        bus owns them): jobs are read from ``job_shards`` shards (workers/shards.py), and the
-        audio cache's entries go through ``raw_cluster`` (pipelined per node when it is a
-        ``workers.cluster_pipe.PipelinedClusterCalls``, as ``voxroom worker`` builds it)."""
+                 cache_lru_entries: int = 64, metrics_port: int = 0, metrics_host: str = "127.0.0.1") -> None:
+        """``store``: the Redis this worker serves (its owner opened it and closes it after
+        :meth:`run`); everything the worker writes there goes through its job bus and cache."""
         self.id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        self.redis = redis
-        self.bus = WorkerBus(redis, self.id, resume_window_ms=resume_window_ms, room_idle_ttl_s=room_idle_ttl_s,
-                             cluster=cluster, raw_cluster=raw_cluster, job_shards=job_shards)
+        self.store = store
+        self.bus = store.job_bus(self.id, resume_window_ms=resume_window_ms, room_idle_ttl_s=room_idle_ttl_s)
+        self.watcher = self.bus.watcher
+        """Every line waiting for its room's turn shares this one watcher (its loop: ``turns``)."""
         self.pool = pool
         self.catalog = catalog
         self.clock = clock or RoomClock()
@@ -105,13 +101,9 @@ class Worker:
         self.opus_bitrate = opus_bitrate if opus_bitrate > 0 and _has_pyav() else 0
         if opus_bitrate > 0 and not self.opus_bitrate:
             log.warning("PyAV is not installed: publishing PCM only (pip install 'voxroom[opus]')")
-        # On a cluster the turn waits read each room on its node (bytes: entries carry audio).
-        self.watcher = StreamWatcher(raw_cluster.cluster if raw_cluster is not None else self.bus.raw,
-                                     self.bus.auto, keys.worker_wake(self.id))
-        self.bus.watcher = self.watcher
-        # On a cluster each cache entry (one key, no hash tag) goes to its own node through the
-        # bytes client's routed calls (the bus closes them, after the cache).
-        self.cache = (AudioCache(raw_cluster if raw_cluster is not None else self.bus.raw, slots=cache_slots,
+        # Lookups and stores on pipelines of their own: a lookup never waits behind a store's
+        # 100 kB of PCM on the wire (bytes replies: the PCM is binary).
+        self.cache = (AudioCache(store.commands(decode=False), store.commands(decode=False), slots=cache_slots,
                                  entry_max_bytes=cache_entry_max_bytes, ttl_s=cache_ttl_s,
                                  lru_entries=cache_lru_entries)
                       if cache_slots > 0 else None)
@@ -119,7 +111,7 @@ class Worker:
             ctx.cache = self.cache
         self.metrics = (MetricsServer(worker_registry(self), host=metrics_host, port=metrics_port)
                         if metrics_port > 0 else None)
-        """This process's ``GET /metrics`` (workers/metrics.py); ``None`` when turned off (port 0)."""
+        """This process's ``GET /metrics`` (workers/intake/metrics.py); ``None`` when turned off (port 0)."""
         self.metrics_port: int | None = None
         """The port ``/metrics`` listens on once started (in the heartbeat for scrape discovery)."""
 
@@ -161,10 +153,8 @@ class Worker:
             await self.supervisor.aclose()
             try:
                 await self.bus.drop_heartbeat(self.id)
-                await (self.bus.cluster or self.bus.auto).call("DEL", self.watcher.wake_key)
             except REDIS_DOWN:
                 pass
-            await self.watcher.aclose()
             self.pool.close()
             if self.cache is not None:
                 await self.cache.aclose()
@@ -388,7 +378,7 @@ class Worker:
 
 def _log_stages(utt: Utterance, result: PublishResult, stages: dict[str, float | None]) -> None:
     """One line per utterance with where its time to first audio went (the same figures as the
-    ``voxroom_worker_first_audio_stage_seconds`` histograms, workers/metrics.py): the gateway's
+    ``voxroom_worker_first_audio_stage_seconds`` histograms, workers/intake/metrics.py): the gateway's
     accept to this worker's read, the read to the engine's call (context queue, cache lookup,
     hand-off), the engine's own first chunk, and the first chunk to the first slice published."""
     job = utt.job

@@ -1,7 +1,7 @@
 """Publish one utterance into its room: wait for its turn, stamp presentation times, pace.
 
 Utterances of a room may be synthesized in parallel by several contexts (or workers), but they
-play in ``seq`` order: an utterance's audio is held (bounded, see ``workers/intake/job.py``) until the
+play in ``seq`` order: an utterance's audio is held (bounded, see ``workers/utterance.py``) until the
 room's ``next`` says it is its turn. Then its slices are stamped on the room clock right after the
 previous utterance's end (gapless), or ``lead_ms`` from now when the room was quiet, and published
 ``lead_ms`` ahead of their presentation time. The client's jitter buffer absorbs the lead. After
@@ -19,11 +19,11 @@ slice's presentation time: a late shift moves the words with the audio, and ever
 words before the audio they describe when the engine gives them in time (ChatTTS gives a piece's
 words when the piece is done: slower than real time, they go out with the next slice, late).
 
-Every write goes through a script that checks the job is still this worker's (``workers/bus.py``):
-when another worker took it over, :class:`workers.bus.OwnershipLost` ends the publishing at once
+Every write goes through a script that checks the job is still this worker's (``voxroom/store/jobs.py``):
+when another worker took it over, :class:`voxroom.errors.OwnershipLost` ends the publishing at once
 and nothing more of this take reaches the room. The same scripts check that the room's ``next``
 is still this line's seq: when a later line skipped past it after its turn check,
-:class:`workers.bus.TurnLost` ends it the same way, and the line is dropped as stale.
+:class:`voxroom.errors.TurnLost` ends it the same way, and the line is dropped as stale.
 """
 
 from __future__ import annotations
@@ -32,14 +32,15 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from voxroom.errors import TurnLost
+from voxroom.store.interface import JobBus, Turn
 from voxroom.wire import protocol
 from voxroom.wire.output_entries import EntryFields, entry_fields, group_fields
 from voxroom.wire.protocol import CODEC_OPUS, ROOM_RATE, SLICE_SAMPLES, AudioFrame, end_message, start_message
-from workers.bus import Turn, TurnLost, WorkerBus
 from workers.engines import marks as engine_marks
-from workers.intake.job import Utterance
 from workers.output.clock import RoomClock
 from workers.output.opus import OpusEncoder
+from workers.utterance import Utterance
 
 log = logging.getLogger("voxroom.worker.publisher")
 SLICE_MS = SLICE_SAMPLES * 1000.0 / ROOM_RATE
@@ -106,7 +107,7 @@ SKIP_STAGGER_MS = 1000.0
 (``wait_for_turn``): the line right behind a lost one skips first, the others then wait for it."""
 
 
-async def wait_for_turn(bus: WorkerBus, utt: Utterance, clock: RoomClock,
+async def wait_for_turn(bus: JobBus, utt: Utterance, clock: RoomClock,
                         timeout_ms: float) -> tuple[str, Turn]:
     """``("ok", turn)`` when it is this utterance's turn, ``("restart", turn)`` when it is and a
     dead worker had already begun publishing it, ``("stale", _)`` when the room already moved past
@@ -151,7 +152,7 @@ async def wait_for_turn(bus: WorkerBus, utt: Utterance, clock: RoomClock,
             tail, progress_ms = got, clock.now_ms()
 
 
-async def publish_utterance(bus: WorkerBus, utt: Utterance, clock: RoomClock, *, lead_ms: float,
+async def publish_utterance(bus: JobBus, utt: Utterance, clock: RoomClock, *, lead_ms: float,
                             order_wait_ms: float, voice_name: str, opus_bitrate: int = 0,
                             paced: bool = True) -> PublishResult:
     """``opus_bitrate`` > 0: every chunk entry also carries ``opus``, the same frame Opus-encoded
@@ -162,7 +163,7 @@ async def publish_utterance(bus: WorkerBus, utt: Utterance, clock: RoomClock, *,
     they exist, in batches of at most :data:`UNPACED_BATCH`; order and framing are unchanged.
 
     ``status == "skipped"``: the room moved past the line (before it began, or, refused by Redis,
-    while it played); the caller acks its job. Raises :class:`workers.bus.OwnershipLost` when
+    while it played); the caller acks its job. Raises :class:`voxroom.errors.OwnershipLost` when
     the job is another worker's."""
     try:
         return await _publish_utterance(bus, utt, clock, lead_ms=lead_ms, order_wait_ms=order_wait_ms,
@@ -177,7 +178,7 @@ async def publish_utterance(bus: WorkerBus, utt: Utterance, clock: RoomClock, *,
         return PublishResult("skipped", 0, 0.0, None, 0)
 
 
-async def _publish_utterance(bus: WorkerBus, utt: Utterance, clock: RoomClock, *, lead_ms: float,
+async def _publish_utterance(bus: JobBus, utt: Utterance, clock: RoomClock, *, lead_ms: float,
                              order_wait_ms: float, voice_name: str, opus_bitrate: int,
                              paced: bool) -> PublishResult:
     job = utt.job

@@ -13,9 +13,9 @@ from typing import TypeGuard
 
 from workers.audio_cache.cache import CachedLine
 from workers.engines.base import BatchEngine, Engine, SynthesisRequest
-from workers.intake.job import Utterance
 from workers.pool.line_queue import JobQueue
 from workers.pool.row_audio import Meter, Row
+from workers.utterance import Utterance
 
 log = logging.getLogger("voxroom.worker.context")
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from workers.audio_cache.cache import AudioCache, CachedLine, fingerprint, to_slices
 from workers.engines.base import Engine, SynthesisRequest
-from workers.intake.job import Utterance
+from workers.utterance import Utterance
 
 log = logging.getLogger("voxroom.worker.context")
 

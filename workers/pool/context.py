@@ -41,11 +41,11 @@ from voxroom.voices.catalog import Catalog
 from voxroom.wire.protocol import SLICE_MS
 from workers.audio_cache.cache import AudioCache, CachedLine
 from workers.engines.base import ContinuousEngine, Engine, SynthesisRequest
-from workers.intake.job import MAX_UTTERANCE_SLICES, Utterance, switch_of
 from workers.pool import batching
 from workers.pool.cache_race import CachedAudio, fingerprint_of
 from workers.pool.continuous_rows import ContinuousRows, continuous
 from workers.pool.line_queue import JobQueue
+from workers.utterance import MAX_UTTERANCE_SLICES, Utterance, switch_of
 
 log = logging.getLogger("voxroom.worker.context")
 

@@ -29,10 +29,10 @@ from collections.abc import Callable, Hashable
 from typing import TypeGuard
 
 from workers.engines.base import ContinuousEngine, Engine, SynthesisRequest
-from workers.intake.job import Utterance
 from workers.pool.batching import batches
 from workers.pool.cache_race import CachedAudio
 from workers.pool.row_audio import Meter, Row
+from workers.utterance import Utterance
 
 log = logging.getLogger("voxroom.worker.context")
 

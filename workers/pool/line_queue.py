@@ -50,7 +50,7 @@ import bisect
 from collections import OrderedDict, deque
 from collections.abc import Callable
 
-from workers.intake.job import Utterance
+from workers.utterance import Utterance
 
 Accept = Callable[[Utterance], bool]
 """Whether a line may be taken now (its engine has a free place)."""

@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 from voxroom.voices.catalog import Catalog
 from workers.engines.base import Engine
-from workers.intake.job import Utterance
 from workers.pool.context import Context
+from workers.utterance import Utterance
 
 log = logging.getLogger("voxroom.worker.pool")
 

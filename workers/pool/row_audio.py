@@ -15,8 +15,8 @@ import numpy as np
 
 from workers.audio_cache.cache import CachedLine
 from workers.engines.marks import WordMark
-from workers.intake.job import Utterance
 from workers.output.slicer import Slice, Slicer
+from workers.utterance import Utterance
 
 log = logging.getLogger("voxroom.worker.context")
 

@@ -1,13 +1,8 @@
-"""Commands sent to the Redis Cluster node that holds their key (docs/cluster.md).
-
-The job hand-off, the sweeper and the worker's job scripts are written against :class:`Calls`
-(``await calls.call(*command)``), which :class:`voxroom.store.autopipe.AutoPipeline` also is: on a single
-instance nothing changes. On a cluster the gateway gives the hand-off and the sweeper its per-node
-autopipeline (``voxroom/store/cluster/pipeline.py``, the same ``call``); the worker's job scripts get a
-:class:`ClusterCalls`: redis-py's ``RedisCluster`` for the slot map and the per-node connection
-pools, the routing and the redirections done here. The slot is computed here, from the
-command's first key (redis-py would parse some commands' keys with a ``COMMAND GETKEYS`` round
-trip, and under many concurrent first calls it sent some to the wrong node).
+"""Commands sent one at a time to the Redis Cluster node that holds their key (docs/cluster.md):
+the blocked reads of the worker's job shards, which must not sit on a node's autopipeline
+(``voxroom/store/cluster/pipeline.py``, where every other command goes). redis-py's
+``RedisCluster`` gives the slot map and the per-node connection pools; the routing
+(``voxroom/store/cluster/routing.py``) and the redirections are done here.
 
 **Why not ``RedisCluster.execute_command``.** It follows ``MOVED`` itself, but every fifth
 ``MOVED`` (its ``reinitialize_steps``) it closes *every* connection of the client, so one slot
@@ -36,7 +31,7 @@ single Redis (callers treat it as Redis unavailable). The client: ``voxroom.stor
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Protocol
+from typing import Any
 
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.exceptions import AskError, ClusterDownError, MovedError, SlotNotCoveredError, TryAgainError
@@ -44,35 +39,35 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from voxroom.store.backoff import Backoff
+from voxroom.store.cluster.routing import command_key
 from voxroom.store.cluster.slots import ClusterReads
 
-_SUBCOMMANDS = ("XGROUP", "XINFO", "OBJECT")
-"""Commands whose key follows a subcommand (``XGROUP CREATE key ...``)."""
 REDIRECT_BUDGET_S = 10.0
 """How long one command may keep being redirected or told ``TRYAGAIN`` before the error stands."""
 TRYAGAIN_FIRST_S = 0.01
 TRYAGAIN_CAP_S = 0.5
 
 
-class Calls(Protocol):
-    async def call(self, *command: Any) -> Any: ...
-
-
 class ClusterCalls:
-    def __init__(self, cluster: RedisCluster) -> None:
+    """Commands sent one at a time through redis-py's per-node pools: for the blocked reads
+    (``XREADGROUP ... BLOCK``), which on a node's autopipeline would hold back every command queued
+    behind them. Everything else goes through ``ClusterAutoPipeline``."""
+
+    def __init__(self, cluster: RedisCluster, reads: ClusterReads | None = None) -> None:
         self.cluster = cluster
-        self.reads = ClusterReads(cluster)
-        """Its single-flight slot map refresh."""
+        self.reads = reads or ClusterReads(cluster)
+        """The single-flight slot map refresh (shared with the store's other cluster paths)."""
         self.redirects = 0
         self.retries = 0
         """``TRYAGAIN`` answers sent again: for tests and logs."""
 
     async def call(self, *command: Any) -> Any:
-        """Run ``command`` on the primary of its key's slot (all of its keys in one slot): the
-        first key of an ``EVAL``, the first argument of any other command."""
-        name = str(command[0]).upper()
-        key = command[3] if name == "EVAL" else command[2] if name in _SUBCOMMANDS else command[1]
-        return await self.call_at(key, *command)
+        """Run ``command`` on the primary of its key's slot (all of its keys in one slot; the
+        key as ``voxroom/store/cluster/routing.py`` finds it)."""
+        key = command_key(command)
+        if key is None:
+            raise ValueError(f"{command[0]!r} has no key to route it by")
+        return await self.call_at(key.decode() if isinstance(key, bytes) else str(key), *command)
 
     async def call_at(self, key: str, *command: Any) -> Any:
         """Run ``command`` on the primary that holds ``key``: for commands whose keys redis-py

@@ -13,9 +13,9 @@ once, pipelined. It bounds what a lost bell costs to those 2 s, the bound the bl
 a bell rung on a migrating slot's target (a script sent there after ``ASK``, while the gateway
 listens on the source) or during a reconnect; and a read that failed (Redis unavailable).
 
-Cursors and dispatch are the hub's (``app/fanout/hub.py``): ``deliver(stream, entries)`` moves the
-room's cursor and dispatches with no await in between; a read whose cursor moved meanwhile (the
-room left and joined again) is dropped and read again.
+Each room's cursor is kept here and moved with no await before its entries are delivered
+(``voxroom.store.interface.Deliver``); a read whose cursor moved meanwhile (the room left and
+joined again) is dropped and read again.
 """
 
 from __future__ import annotations
@@ -29,27 +29,31 @@ from redis.asyncio.cluster import RedisCluster
 
 from voxroom.runtime.supervisor import Supervisor
 from voxroom.store import keys
-from voxroom.store.autopipe import Commands
 from voxroom.store.backoff import REDIS_DOWN
 from voxroom.store.cluster.bells import ClusterBells
 from voxroom.store.cluster.slots import ClusterReads
+from voxroom.store.entry_ids import entry_id_str
+from voxroom.store.interface import Commands, Deliver
 
 log = logging.getLogger("voxroom.gateway.hub")
 
 SWEEP_LOOP = "hub:sweep"
+READ_COUNT = 512
+SWEEP_S = 2.0
+"""Every room held is read this often besides its bells (the bound a lost bell costs)."""
 
 
 class ClusterFanout:
-    """Reads of the rooms in ``cursors`` (room -> last entry id dispatched), each when its bell
-    rings and at every sweep. ``deliver(stream_name, entries)`` is called with Redis's raw entries
-    of one room, in order; ``pulse()`` after each read that delivered."""
+    """:class:`voxroom.store.interface.FanoutSource` on a cluster: each room read when its bell
+    rings and at every sweep. ``control``: the hub's per-node autopipeline (bytes replies)."""
 
     def __init__(self, cluster: RedisCluster, reads: ClusterReads, control: Commands, supervisor: Supervisor, *,
-                 cursors: dict[str, str], deliver: Callable[[str, list[Any]], None], pulse: Callable[[], None],
-                 count: int, sweep_s: float) -> None:
+                 deliver: Deliver, pulse: Callable[[], None], count: int = READ_COUNT,
+                 sweep_s: float = SWEEP_S) -> None:
         self.control = control
         self.supervisor = supervisor
-        self.cursors = cursors
+        self.cursors: dict[str, str] = {}
+        """Room -> id of the last entry delivered (or its tail when added)."""
         self.count = count
         self.sweep_s = sweep_s
         self._deliver = deliver
@@ -63,15 +67,20 @@ class ClusterFanout:
         self._sweeping = False
         self.reads = 0
 
-    def add(self, room: str) -> None:
-        """Start hearing ``room`` (its cursor already in ``cursors``)."""
+    def cursor(self, room: str) -> str | None:
+        return self.cursors.get(room)
+
+    async def add(self, room: str, cursor: str) -> None:
+        """Start hearing ``room``: its read follows the bell's subscribe."""
+        self.cursors[room] = cursor
         if not self._sweeping:
             self._sweeping = True
             self.supervisor.spawn(SWEEP_LOOP, self.sweep)
         self.bells.add(room)
 
-    def remove(self, room: str) -> None:
+    async def remove(self, room: str) -> None:
         """Stop hearing ``room``; its read in flight is cancelled, nothing of it is kept."""
+        self.cursors.pop(room, None)
         self.bells.remove(room)
         self._again.discard(room)
         task = self._reading.pop(room, None)
@@ -102,8 +111,10 @@ class ClusterFanout:
                     continue  # the room left (and maybe joined again) meanwhile: from its cursor now
                 full = False
                 if resp:
-                    for stream, entries in resp:
-                        self._deliver(stream.decode() if isinstance(stream, bytes) else stream, entries)
+                    for _stream, entries in resp:
+                        if entries:
+                            self.cursors[room] = entry_id_str(entries[-1][0])
+                            self._deliver(room, entries)
                         full = len(entries) >= self.count
                     self._pulse()
                 if not full and room not in self._again:

@@ -11,10 +11,8 @@ On TLS nodes (``rediss://``) each node's pipeline sends its batches through a re
 that node instead of one connection (``voxroom.store.autopipe.tls_client``), with the cluster client's
 TLS options (:func:`_node_client`): raw replies and whole error replies, as on a plain node.
 
-Routing needs the key of each command, found here without asking Redis (redis-py's cluster
-client asks ``COMMAND GETKEYS`` for ``XREAD``, a round trip per command): the first argument,
-the first key of ``EVAL``/``EVALSHA``, the first stream after ``STREAMS``. A command without keys
-(``PING``) goes to any primary.
+Routing: each command by its key (``voxroom/store/cluster/routing.py``, the one rule); a command
+without keys (``PING``) goes to any primary.
 
 Redirections, each command on its own (a ``MOVED``, ``ASK`` or ``TRYAGAIN`` command did not run,
 so sending it again is safe; a connection lost with commands in flight is the ambiguous case, as on one Redis):
@@ -45,41 +43,29 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError, SlotNotCoveredError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from voxroom.store.autopipe import SSL_OPTIONS, AutoPipeline, Command, redis_error
+from voxroom.store.autopipe import SSL_OPTIONS, AutoPipeline, redis_error
 from voxroom.store.backoff import Backoff
 from voxroom.store.cluster.calls import REDIRECT_BUDGET_S, TRYAGAIN_CAP_S, TRYAGAIN_FIRST_S
+from voxroom.store.cluster.routing import command_key
 from voxroom.store.cluster.slots import ClusterReads
+from voxroom.store.interface import Command
 
 MAX_REDIRECTS = 16
 """``MOVED``/``ASK`` followed for one command before the last error reply stands: a command of a
 slot in migration may bounce source (ASK) -> target (TRYAGAIN) -> source a few times."""
 
 
-def command_key(command: Command) -> Any | None:
-    """The key that routes ``command`` (``None`` for a command without keys)."""
-    name = str(command[0]).upper() if not isinstance(command[0], bytes) else command[0].decode().upper()
-    if name in ("EVAL", "EVALSHA"):
-        return command[3] if int(command[2]) > 0 else None
-    if name in ("XREAD", "XREADGROUP"):
-        for i, arg in enumerate(command):
-            if (arg.upper() if isinstance(arg, (str, bytes)) else arg) in ("STREAMS", b"STREAMS"):
-                return command[i + 1]
-        return None
-    if name in ("PING", "INFO", "ASKING", "CLUSTER", "SCRIPT", "TIME"):
-        return None
-    return command[1] if len(command) > 1 else None
-
-
 class ClusterAutoPipeline:
-    """The :class:`~voxroom.store.autopipe.Commands` interface over ``cluster``'s primaries. Each node's
+    """The :class:`~voxroom.store.interface.Commands` interface over ``cluster``'s primaries. Each node's
     pipeline keeps ``AutoPipeline``'s own bounds and timeouts (``max_inflight``, ``timeout_s``)."""
 
     def __init__(self, cluster: RedisCluster, *, reads: ClusterReads | None = None, timeout_s: float = 5.0,
-                 max_inflight: int = 10_000) -> None:
+                 max_inflight: int = 10_000, max_hold_s: float | None = None) -> None:
         self.cluster = cluster
         self.reads = reads or ClusterReads(cluster)
         self.timeout_s = timeout_s
         self.max_inflight = max_inflight
+        self.max_hold_s = max_hold_s
         self._pipes: dict[str, AutoPipeline] = {}
         self.retries = 0
         """``TRYAGAIN`` answers sent again."""
@@ -92,7 +78,7 @@ class ClusterAutoPipeline:
         pipe = self._pipes.get(node.name)
         if pipe is None:
             pipe = AutoPipeline(_node_client(node), timeout_s=self.timeout_s,
-                                max_inflight=self.max_inflight)
+                                max_inflight=self.max_inflight, max_hold_s=self.max_hold_s)
             self._pipes[node.name] = pipe
         return pipe
 
@@ -121,6 +107,17 @@ class ClusterAutoPipeline:
 
     async def call(self, *command: Any) -> Any:
         return (await self.group([command]))[0]
+
+    async def capacity(self) -> None:
+        """Each node's pipeline waits for its own capacity (in :meth:`replies`)."""
+
+    def submit(self, commands: Sequence[Command]) -> asyncio.Future[list[Any]]:
+        """As :meth:`replies`, for a loop callback: routing and redirections need awaits, so this
+        is a task (the commands go out with the next loop turn's batch of their node)."""
+        return asyncio.ensure_future(self.replies(commands))
+
+    def flush(self) -> None:
+        """Nothing to do: each node's pipeline sends at the end of the loop turn."""
 
     async def group(self, commands: Sequence[Command]) -> list[Any]:
         """As :meth:`AutoPipeline.group`: replies in order, the first error reply raised."""

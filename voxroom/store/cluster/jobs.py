@@ -1,7 +1,7 @@
-"""The worker's jobs on Redis Cluster: job shards read fairly, and every write in one slot.
+"""The worker's job queue on Redis Cluster: job shards read fairly, and every write in one slot.
 
 On one Redis instance a job's writes to its room and its ``XACK`` on ``vx:jobs`` are one script,
-fenced by the job stream's pending list (workers/bus.py). On a cluster the room's keys and the
+fenced by the job stream's pending list (voxroom/store/single/jobs.py). On a cluster the room's keys and the
 job's shard (``vx:jobs:{jK}``, docs/cluster.md) lie in different slots, so:
 
 - **Reading.** Each shard has its own consumer group ``workers``. A read asks the shards in turn
@@ -21,7 +21,8 @@ job's shard (``vx:jobs:{jK}``, docs/cluster.md) lie in different slots, so:
   first checks that the field still holds our token: a worker that lost its job writes nothing
   more to the room, atomically with the check, as on a single instance. The slices and the end
   also check that the room's ``next`` is still the line's seq (the same slot): a line a later line
-  skipped past is refused there too (``-1``: :class:`workers.bus.TurnLost`).
+  skipped past is refused there too (``-1``: :class:`voxroom.errors.TurnLost`). The scripts are
+  voxroom/store/lua/room.py's with its ``CLUSTER`` fence.
 - **Acking, in the shard's slot, after.** The end deletes the owner field in the same script as
   the turn handover; the ``XACK`` (fenced by the shard's pending list) follows. A crash between
   the two leaves the job pending: the worker that adopts it takes the line (no owner any more),
@@ -42,130 +43,15 @@ from redis.exceptions import ResponseError
 
 from voxroom.store import keys
 from voxroom.store.cluster.calls import ClusterCalls
-from workers.intake.job import Job
-from workers.room_lua import PENDING_LUA, ROOM_LUA, TURN_LUA
+from voxroom.store.cluster.pipeline import ClusterAutoPipeline
+from voxroom.store.interface import Fence
+from voxroom.store.lua import jobs
+from voxroom.store.lua.room import CLUSTER, RoomScripts
+from voxroom.wire.jobs import Job
 
 log = logging.getLogger("voxroom.worker.shards")
 
-_PRELUDE = """
-local function owned(state, field, token)
-  return redis.call('HGET', state, field) == token
-end
-local function ring(output)
-  return redis.call('SPUBLISH', string.sub(output, 1, -4) .. 'bell', '')
-end
-""" + ROOM_LUA + TURN_LUA
-"""``ring(output)``: the room's doorbell (``keys.room_bell``: ``vx:room:{R}:out`` -> ``vx:room:{R}:bell``,
-the same hash tag, so the same slot), rung once per script call that appended to ``:out``: the
-gateways subscribed to it read the room now (voxroom/store/cluster/bells.py). Needs Redis 7.0."""
-
-# KEYS: 1 state. ARGV: 1 owner field, 2 token, 3 deliveries, 4 entry, 5 ttl, 6 only_unset.
-# Returns 1 taken, 0 a later delivery of this entry owns the line, -1 another entry does.
-_TAKE = _PRELUDE + """
-local v = redis.call('HGET', KEYS[1], ARGV[1])
-if v and v ~= ARGV[2] then
-  local d, entry = string.match(v, '^(%d+)|.*|([^|]*)$')
-  if entry ~= ARGV[4] then return -1 end
-  if tonumber(d) >= tonumber(ARGV[3]) then return 0 end
-end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-refresh(KEYS[1], ARGV[5], ARGV[6])
-return 1
-"""
-
-# KEYS: 1 output, 2 state. ARGV: 1 owner field, 2 token, 3 window_ms, 4 ttl, 5 only_unset,
-# 6 started ('' for none), 7 maintain, 8 seq, then per entry: its number of field pairs, the pairs.
-# Returns 1 written, 0 not ours, -1 ours but the room's next is not its seq (a later line skipped
-# past it): nothing written. Cost: the owner HGET, the turn HGET and one SPUBLISH, whatever the entries.
-_PUBLISH = _PRELUDE + """
-if not owned(KEYS[2], ARGV[1], ARGV[2]) then return 0 end
-if not our_turn(KEYS[2], ARGV[8]) then return -1 end
-local maintain = ARGV[7] == '1'
-local head = {'XADD', KEYS[1], '*'}
-if maintain then head = {'XADD', KEYS[1], 'MINID', '~', minid(ARGV[3]), '*'} end
-local i = 9
-while i <= #ARGV do
-  local n = tonumber(ARGV[i]) * 2
-  local cmd = {unpack(head)}
-  for j = i + 1, i + n do cmd[#cmd + 1] = ARGV[j] end
-  redis.call(unpack(cmd))
-  i = i + n + 1
-end
-if ARGV[6] ~= '' then redis.call('HSET', KEYS[2], 'started', ARGV[6]) end
-if maintain then
-  refresh(KEYS[1], ARGV[4], ARGV[5])
-  refresh(KEYS[2], ARGV[4], ARGV[5])
-end
-ring(KEYS[1])
-return 1
-"""
-
-# KEYS: 1 output, 2 state. ARGV: 1 owner field, 2 token, 3 window_ms, 4 ttl, 5 only_unset, 6 next,
-# 7 end_ms, then the end entry's field pairs. Returns 1, 0 (not ours) or -1 (the room's next is not
-# this line's seq: nothing written, the owner field kept for the ack's release). ``next`` so moves
-# only from this seq to the next: never back, never past a line that skipped past this one. The
-# turn check is the HGET of ``next`` this script always made.
-_FINISH = _PRELUDE + """
-if not owned(KEYS[2], ARGV[1], ARGV[2]) then return 0 end
-if not our_turn(KEYS[2], tonumber(ARGV[6]) - 1) then return -1 end
-redis.call('XADD', KEYS[1], 'MINID', '~', minid(ARGV[3]), '*', unpack(ARGV, 8))
-redis.call('HSET', KEYS[2], 'next', ARGV[6])
-local e = tonumber(redis.call('HGET', KEYS[2], 'end_ms') or '0')
-if e < tonumber(ARGV[7]) then redis.call('HSET', KEYS[2], 'end_ms', ARGV[7]) end
-redis.call('HDEL', KEYS[2], ARGV[1])
-refresh(KEYS[1], ARGV[4], ARGV[5])
-refresh(KEYS[2], ARGV[4], ARGV[5])
-ring(KEYS[1])
-return 1
-"""
-
-# KEYS: 1 state. ARGV: 1 owner field, 2 token, 3 seq.
-_SKIP = _PRELUDE + """
-if not owned(KEYS[1], ARGV[1], ARGV[2]) then return 0 end
-local n = tonumber(redis.call('HGET', KEYS[1], 'next') or '1')
-if n < tonumber(ARGV[3]) then redis.call('HSET', KEYS[1], 'next', ARGV[3]) end
-return 1
-"""
-
-# KEYS: 1 state. ARGV: 1 owner field, 2 token. The line is left without an owner (its job is acked next).
-_RELEASE = _PRELUDE + """
-if not owned(KEYS[1], ARGV[1], ARGV[2]) then return 0 end
-return redis.call('HDEL', KEYS[1], ARGV[1])
-"""
-
-# The shard's pending list fences the ack and the keeper's refresh, as on one instance.
-_SHARD_PRELUDE = PENDING_LUA
-
-# KEYS: 1 shard. ARGV: 1 group, 2 entry id, 3 consumer.
-_ACK = _SHARD_PRELUDE + """
-if not pending_to(KEYS[1], ARGV[1], ARGV[2], ARGV[3]) then return 0 end
-return redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
-"""
-
-# KEYS: 1 shard. ARGV: 1 group, 2 consumer, entry ids. Returns the ids no longer ours.
-_TOUCH = _SHARD_PRELUDE + """
-local lost = {}
-for i = 3, #ARGV do
-  if pending_to(KEYS[1], ARGV[1], ARGV[i], ARGV[2]) then
-    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')
-  else
-    lost[#lost + 1] = ARGV[i]
-  end
-end
-return lost
-"""
-
-# KEYS: 1 shard. ARGV: 1 group, 2 entry id. The entry's pending record (its delivery count is
-# the 4th field); raw, where a client would parse it as a summary.
-_DELIVERIES = """
-return redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
-"""
-
-
-# KEYS: 1 any key (routes it to that key's node). Redis 7.0 and later give their version; older ones nil.
-_VERSION = """
-return redis.REDIS_VERSION
-"""
+SCRIPTS = RoomScripts(CLUSTER)
 
 
 def split_entry(entry_id: str) -> tuple[int, str]:
@@ -178,13 +64,20 @@ def owner_field(job: Job) -> str:
     return f"owner:{job.seq}"
 
 
-class ShardedJobs:
-    def __init__(self, calls: ClusterCalls, consumer: str, *, shards: int, room_idle_ttl_s: int = 3600) -> None:
-        """``calls``: a cluster client with text replies and a socket timeout above the longest
-        blocked read. ``shards``: the deployment's ``job_shards``."""
+class ClusterJobQueue:
+    """:class:`voxroom.store.interface.JobQueue` on a cluster. ``auto``: the job bus's per-node
+    autopipeline (text replies; the bus closes it); ``blocking``: routed calls on redis-py's
+    per-node pools for the blocked shard reads (a socket timeout above the longest block).
+    ``shards``: the deployment's ``job_shards``."""
+
+    scripts = SCRIPTS
+
+    def __init__(self, auto: ClusterAutoPipeline, blocking: ClusterCalls, consumer: str, *, shards: int,
+                 room_idle_ttl_s: int = 3600) -> None:
         if shards < 1:
             raise ValueError(f"job_shards must be at least 1, not {shards}")
-        self.calls = calls
+        self.calls = auto
+        self.blocking = blocking
         self.consumer = consumer
         self.shards = shards
         self.room_idle_ttl_s = room_idle_ttl_s
@@ -202,7 +95,7 @@ class ShardedJobs:
         """The shards' consumer groups. Raises ``RuntimeError`` when a shard's node is older than
         Redis 7.0: the room scripts ring the room's bell with ``SPUBLISH`` (docs/cluster.md)."""
         for shard in range(self.shards):
-            got = await self.calls.call("EVAL", _VERSION, 1, keys.job_shard(shard))
+            got = await self.calls.call("EVAL", jobs.VERSION, 1, keys.job_shard(shard))
             version = got.decode() if isinstance(got, bytes) else str(got or "")
             if not version or int(version.split(".")[0]) < 7:
                 raise RuntimeError(f"Redis Cluster mode needs Redis 7.0 or later (sharded pub/sub); the node of "
@@ -216,7 +109,7 @@ class ShardedJobs:
     def held_ids(self) -> list[str]:
         return [job.entry_id for job, _ in self._held]
 
-    async def read_jobs(self, count: int, block_ms: int) -> list[Job]:
+    async def read(self, count: int, block_ms: int) -> list[Job]:
         """At most ``count`` jobs of any shards, taken (see the module's docstring); waits up to
         ``block_ms`` for the first when no shard has any."""
         got: list[tuple[Job, int]] = []
@@ -264,7 +157,7 @@ class ShardedJobs:
         stream = keys.job_shard(shard)
         block = [] if block_ms is None else ["BLOCK", max(1, block_ms)]
         try:
-            resp: Any = await self.calls.call_at(stream, "XREADGROUP", "GROUP", keys.JOBS_GROUP, self.consumer,
+            resp: Any = await self.blocking.call_at(stream, "XREADGROUP", "GROUP", keys.JOBS_GROUP, self.consumer,
                                                  "COUNT", count, *block, "STREAMS", stream, ">")
         except ResponseError as exc:
             # A read blocked on the node a resharding takes the shard from is answered this when
@@ -291,7 +184,7 @@ class ShardedJobs:
             entries = resp[1] if len(resp) >= 2 else []
             for job in await self._parse(shard, list(entries)):
                 _, stream_id = split_entry(job.entry_id)
-                pending: Any = await self.calls.call("EVAL", _DELIVERIES, 1, stream, keys.JOBS_GROUP, stream_id)
+                pending: Any = await self.calls.call("EVAL", jobs.DELIVERIES, 1, stream, keys.JOBS_GROUP, stream_id)
                 got.append((job, int(pending[0][3]) if pending else 2))
         return await self._take_all(got)
 
@@ -300,13 +193,13 @@ class ShardedJobs:
         for stream_id, fields in entries:
             entry_id = f"{shard}/{stream_id}"
             if fields is None:  # trimmed away by MAXLEN while pending
-                await self.drop_entry(entry_id)
+                await self.drop(entry_id)
                 continue
             try:
                 jobs.append(Job.from_entry(entry_id, _as_dict(fields)))
             except (KeyError, ValueError):
                 log.warning("dropping malformed job %s: %r", entry_id, fields)
-                await self.drop_entry(entry_id)
+                await self.drop(entry_id)
         return jobs
 
     # -- ownership -------------------------------------------------------------------------------
@@ -322,7 +215,7 @@ class ShardedJobs:
         """Make this worker the line's owner in the room's slot. ``False``: it is not ours (a
         duplicate of the line is acked here; a job adopted by another worker is left to it)."""
         token = f"{deliveries}|{self.consumer}|{job.entry_id}"
-        done = int(await self.calls.call("EVAL", _TAKE, 1, keys.room_state(job.room), owner_field(job), token,
+        done = int(await self.calls.call("EVAL", jobs.TAKE, 1, keys.room_state(job.room), owner_field(job), token,
                                          deliveries, job.entry_id, *self._ttl_args(job)))
         if done == 1:
             self._tokens[job.entry_id] = token
@@ -330,80 +223,32 @@ class ShardedJobs:
         if done == -1:
             log.warning("room %s line %d: job %s is a second hand-off of a line another job owns; acked",
                         job.room, job.seq, job.entry_id)
-            await self.drop_entry(job.entry_id)
+            await self.drop(job.entry_id)
         return False
 
     def _ttl_args(self, job: Job) -> list[Any]:
         private = job.room.startswith(keys.PRIVATE_ROOM_PREFIX)
         return [self.room_idle_ttl_s, "1" if private else "0"]
 
-    def token(self, job: Job) -> str | None:
-        return self._tokens.get(job.entry_id)
+    # -- the fence and the ack (shard slot) -----------------------------------------------------
+
+    def fence(self, job: Job) -> Fence | None:
+        token = self._tokens.get(job.entry_id)
+        return None if token is None else Fence(keys.room_state(job.room), owner_field(job), token)
+
+    async def done(self, job: Job) -> bool:
+        return await self.ack_shard(job.entry_id)
 
     def forget(self, entry_id: str) -> None:
         self._tokens.pop(entry_id, None)
 
-    # -- the room's writes (room slot) and the ack (shard slot) --------------------------------
-
-    async def publish(self, job: Job, window_ms: int, started: int | None, maintain: bool,
-                      entries: list[dict[Any, Any]]) -> int:
-        """1 written; 0 the line is not ours; -1 ours, but the room's ``next`` moved past its
-        seq (a later line skipped past it). Nothing is written unless 1."""
-        token = self.token(job)
-        if token is None:
-            return 0
-        args: list[Any] = ["EVAL", _PUBLISH, 2, keys.room_output(job.room), keys.room_state(job.room),
-                           owner_field(job), token, window_ms, *self._ttl_args(job),
-                           "" if started is None else started, "1" if maintain else "0", job.seq]
-        for fields in entries:
-            args.append(len(fields))
-            for name, value in fields.items():
-                args += (name, value)
-        return int(await self.calls.call(*args))
-
-    async def finish(self, job: Job, window_ms: int, end_ms: float, end_fields: dict[str, Any]) -> int:
-        """The end and the turn handover (room slot, fenced by owner and turn), then the ack
-        (shard). 0: the line is not ours; -1: the room's ``next`` moved past it (the caller acks
-        it with :meth:`ack`); nothing written either way. 1: done."""
-        token = self.token(job)
-        if token is None:
-            return 0
-        flat: list[Any] = []
-        for name, value in end_fields.items():
-            flat += [name, value]
-        done = int(await self.calls.call("EVAL", _FINISH, 2, keys.room_output(job.room), keys.room_state(job.room),
-                                         owner_field(job), token, window_ms, *self._ttl_args(job), job.seq + 1,
-                                         f"{end_ms:.3f}", *flat))
-        if done != 1:
-            return done
-        await self.ack_shard(job.entry_id)
-        return 1
-
-    async def skip_to(self, job: Job) -> bool:
-        token = self.token(job)
-        if token is None:
-            return False
-        return bool(await self.calls.call("EVAL", _SKIP, 1, keys.room_state(job.room), owner_field(job), token,
-                                          job.seq))
-
-    async def ack(self, job: Job) -> bool:
-        """A job ended without a finish (stale, skipped): its owner field is released (room
-        slot, fenced), then the job acked on its shard."""
-        token = self.token(job)
-        if token is None:
-            return False
-        if not await self.calls.call("EVAL", _RELEASE, 1, keys.room_state(job.room), owner_field(job), token):
-            self.forget(job.entry_id)
-            return False
-        return await self.ack_shard(job.entry_id)
-
     async def ack_shard(self, entry_id: str) -> bool:
         self.forget(entry_id)
         shard, stream_id = split_entry(entry_id)
-        return bool(await self.calls.call("EVAL", _ACK, 1, keys.job_shard(shard), keys.JOBS_GROUP, stream_id,
+        return bool(await self.calls.call("EVAL", jobs.ACK, 1, keys.job_shard(shard), keys.JOBS_GROUP, stream_id,
                                           self.consumer))
 
-    async def drop_entry(self, entry_id: str) -> None:
+    async def drop(self, entry_id: str) -> None:
         """Ack an entry that cannot become a job of ours (trimmed, malformed, a duplicate)."""
         self.forget(entry_id)
         shard, stream_id = split_entry(entry_id)
@@ -418,7 +263,7 @@ class ShardedJobs:
             by_shard.setdefault(shard, []).append(stream_id)
         lost: list[str] = []
         for shard, ids in by_shard.items():
-            gone: Any = await self.calls.call("EVAL", _TOUCH, 1, keys.job_shard(shard), keys.JOBS_GROUP,
+            gone: Any = await self.calls.call("EVAL", jobs.TOUCH, 1, keys.job_shard(shard), keys.JOBS_GROUP,
                                               self.consumer, *ids)
             lost += [f"{shard}/{stream_id}" for stream_id in gone]
         for entry_id in lost:
@@ -433,6 +278,7 @@ class ShardedJobs:
             task.cancel()  # served or not, the entry is claimed after the claim time
         await asyncio.gather(*self._blocked.values(), return_exceptions=True)
         self._blocked.clear()
+        await self.blocking.aclose()
 
 
 def _entries_of(resp: Any, stream: str) -> list[Any]:

@@ -1,11 +1,11 @@
 """Accepting a line on Redis Cluster: accept in the room's slot, then hand off to a job shard.
 
-A single instance accepts and enqueues a line in one script (app/ingress/say_script.py). A cluster cannot:
+One Redis accepts and enqueues a line in one script (voxroom/store/single/ingress.py). A cluster cannot:
 the room's keys and the job stream lie in different slots. So (docs/cluster.md, "Jobs without
 a cross-slot write"), with the room's ``:utt`` log as the one source of truth:
 
 1. **Accept** (the room's slot, atomic): the single instance's numbering, dedupe, back-pressure
-   and voice switch (the same Lua, ``_SAY_BODY``); the line goes to ``:utt`` with every field its
+   and voice switch (the same Lua, ``say.BODY``); the line goes to ``:utt`` with every field its
    job needs. The room's ``:state`` keeps ``shard`` (the job shard of all its lines), ``epoch``
    (set when ``:state`` is created: a room reborn after its keys expired is a new room to the
    shards) and ``handed`` (every line up to it is in its shard).
@@ -15,10 +15,10 @@ a cross-slot write"), with the room's ``:utt`` log as the one source of truth:
 
 Lines are handed in ``seq`` order and only after every earlier line of the room: a caller that
 sees ``handed < seq - 1`` (another gateway's hand-off in flight, or lost) hands the gap first,
-from ``:utt`` (:meth:`HandOff.catch_up`). So the shard's mark only ever moves over a prefix of
+from ``:utt`` (:meth:`ClusterIngress.catch_up`). So the shard's mark only ever moves over a prefix of
 the room's lines, and a line is added to its shard at most once however often it is handed.
 A line lost between 1 and 2 (the gateway died, the shard's node was unreachable) is handed by
-the room's next line or by the sweeper (app/ingress/sweeper.py).
+the room's next line or by the sweeper (voxroom/store/cluster/sweeper.py).
 
 Before the accept, the room is written to its index shard (``vx:rooms:{rK}``), where the sweeper
 looks: an accepted line's room is always in the index (an entry for a line then refused costs
@@ -31,17 +31,18 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from redis.exceptions import RedisClusterException, RedisError
 
-from app.ingress.say_script import _SAY_BODY, SayOutcome, check_wait, one_connection, wait_replicas
 from voxroom.store import keys
-from voxroom.store.autopipe import AutoPipeline
-from voxroom.store.cluster.calls import Calls
 from voxroom.store.cluster.pipeline import ClusterAutoPipeline
+from voxroom.store.interface import IngressOptions, SayOutcome
+from voxroom.store.lua import handoff, say
+from voxroom.store.replicas import check_wait, wait_replicas
+from voxroom.voices import line_lexicon
 
 log = logging.getLogger("voxroom.gateway.handoff")
 
@@ -49,53 +50,6 @@ INDEX_EVERY_S = 10.0
 """How often one gateway rewrites a room's index entry while the room is busy (the sweeper looks
 at rooms active in the last :data:`app.ingress.sweeper.ACTIVE_WINDOW_S`, minutes)."""
 _INDEXED_MAX = 10_000
-
-# KEYS: 1 senders, 2 seq, 3 utt, 4 out, 5 state (one slot: the room's).
-# ARGV: as app/ingress/say_script.py's ``_SAY`` (the body reads 1, 2, 4, 9, 10, 13, 14), except 7: an epoch
-# for a new ``:state``, 11: the room's shard for a new ``:state``; 12 unused.
-# Returns {1, seq, epoch, handed, shard, the :utt entry's field pairs...} when accepted.
-_SAY_CLUSTER = _SAY_BODY + """\
-local fields = {'seq', seq, 'text', ARGV[3], 'voice', ARGV[4], 'prev_voice', prev,
-                'sender', ARGV[1], 'client_seq', ARGV[2], 'time', ARGV[5], unpack(extra)}
-redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[6], '*', unpack(fields))
-if redis.call('HEXISTS', KEYS[5], 'epoch') == 0 then
-  redis.call('HSET', KEYS[5], 'epoch', ARGV[7], 'handed', seq - 1, 'shard', ARGV[11])
-end
-local st = redis.call('HMGET', KEYS[5], 'epoch', 'handed', 'shard')
-redis.call('EXPIRE', KEYS[1], ARGV[10])
-redis.call('EXPIRE', KEYS[3], ARGV[10])
-redis.call('EXPIRE', KEYS[5], ARGV[10])
-redis.call('EXPIRE', KEYS[4], ARGV[10])
-return {1, seq, st[1], tonumber(st[2]), tonumber(st[3]), unpack(fields)}
-"""
-# Why: ``:utt`` holds what the job needs (prev_voice, the switch fields, the lexicon), so a line
-# can be handed again from it alone. ``handed`` starts just below the room's first line in a new
-# ``:state``: when ``:state`` was lost and ``:seq`` was not, the lines before are stale anyway
-# (the worker drops them, ``next`` starts over past them) and must not be handed again.
-
-# KEYS: 1 shard stream, 2 shard :handed, 3 shard :handed_at. ARGV: 1 room, 2 seq, 3 epoch,
-# 4 jobs maxlen, 5 now ms, then the job's field pairs (seq among them).
-_HAND = """
-local v = redis.call('HGET', KEYS[2], ARGV[1])
-if v then
-  local e, s = string.match(v, '^(.*):(%d+)$')
-  if e == ARGV[3] and tonumber(s) >= tonumber(ARGV[2]) then return 0 end
-end
-redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[4], '*', 'room', ARGV[1], unpack(ARGV, 6))
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[3] .. ':' .. ARGV[2])
-redis.call('ZADD', KEYS[3], ARGV[5], ARGV[1])
-return 1
-"""
-
-# KEYS: 1 state. ARGV: 1 seq, 2 epoch.
-_RECORD = """
-if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[2] then return 0 end
-if tonumber(redis.call('HGET', KEYS[1], 'handed') or '0') < tonumber(ARGV[1]) then
-  redis.call('HSET', KEYS[1], 'handed', ARGV[1])
-end
-return 1
-"""
-
 
 @dataclass(frozen=True, slots=True)
 class Line:
@@ -117,29 +71,38 @@ class RoomMark:
     shard: int
 
 
-class HandOff:
-    def __init__(self, calls: Calls, *, shards: int, jobs_maxlen: int = 100_000, wait_replicas: int = 0,
-                 wait_timeout_ms: int = 500, room_idle_ttl_s: int = 3600) -> None:
-        """``calls``: commands routed to their key's node (voxroom/store/cluster/calls.py).
-        ``shards``: the deployment's ``job_shards`` (every gateway and worker the same).
-        ``wait_replicas``, ``wait_timeout_ms``: as :class:`app.ingress.say_script.Ingress`'s: an accepted
-        (or duplicate) line is answered once that many replicas of the room's primary have it;
-        needs ``calls`` to be an autopipeline (``WAIT`` must go on the connection of the accept).
-        ``room_idle_ttl_s``: the room's TTL, refreshed by the write a duplicate's ``WAIT`` needs."""
+class ClusterIngress:
+    """:class:`voxroom.store.interface.Ingress` on a cluster. ``calls`` (owned: closed by
+    :meth:`aclose`): the gateway's autopipeline, one connection per node (``WAIT`` must go out on
+    the connection of the accept). ``shards``: the deployment's ``job_shards`` (every gateway and
+    worker the same). Raises ``ValueError`` for ``WAIT`` options :func:`check_wait` refuses."""
+
+    def __init__(self, calls: ClusterAutoPipeline, options: IngressOptions, *, shards: int) -> None:
         if shards < 1:
             raise ValueError(f"job_shards must be at least 1, not {shards}")
-        if wait_replicas and not isinstance(calls, (ClusterAutoPipeline, AutoPipeline)):
-            raise ValueError("redis_wait_replicas needs the gateway's autopipeline (WAIT on the accept's connection)")
-        check_wait(wait_replicas, wait_timeout_ms, getattr(calls, "timeout_s", 5.0))
-        self.wait_replicas = wait_replicas
-        self.wait_timeout_ms = wait_timeout_ms
-        self.room_idle_ttl_s = room_idle_ttl_s
+        check_wait(options.wait_replicas, options.wait_timeout_ms, calls.timeout_s)
+        self.options = options
+        self.wait_replicas = options.wait_replicas
+        self.wait_timeout_ms = options.wait_timeout_ms
+        self.room_idle_ttl_s = options.room_idle_ttl_s
         self.calls = calls
         self.shards = shards
-        self.jobs_maxlen = jobs_maxlen
+        self.jobs_maxlen = options.jobs_maxlen
         self._indexed: dict[str, float] = {}
         self.handed = 0
         """Jobs this gateway added to a shard (a hand-off the shard already had is not counted)."""
+
+    async def aclose(self) -> None:
+        await self.calls.aclose()
+
+    async def say(self, room: str, sender: str, client_seq: int, text: str, voice: str, *,
+                  lexicon: Mapping[str, str] | None = None) -> SayOutcome:
+        o = self.options
+        now_ms = int(time.time() * 1000)
+        # say.SINGLE's ARGV; the cluster's script reads 7 and 11 as the epoch and the shard.
+        return await self.say_and_hand(room, [
+            sender, client_seq, text, voice, now_ms, o.utterance_maxlen, o.jobs_maxlen, room, o.max_pending_per_room,
+            o.room_idle_ttl_s, 0, 0, o.switch_lines, line_lexicon.encode(lexicon or {})])
 
     # -- step 0: the index the sweeper reads -----------------------------------------------------
 
@@ -155,9 +118,9 @@ class HandOff:
 
     # -- step 1 ----------------------------------------------------------------------------------
 
-    async def say(self, room: str, argv: list[Any]) -> tuple[SayOutcome, RoomMark | None, Line | None]:
-        """Accept a line (``argv``: app/ingress/say_script.py's ``_SAY`` ARGV, 14 values). The mark and the
-        line are ``None`` unless accepted."""
+    async def accept(self, room: str, argv: list[Any]) -> tuple[SayOutcome, RoomMark | None, Line | None]:
+        """Accept a line (``argv``: ``say.SINGLE``'s ARGV, 14 values). The mark and the line are
+        ``None`` unless accepted."""
         now_ms = int(argv[4])
         await self.index(room, now_ms)
         argv = list(argv)
@@ -165,7 +128,7 @@ class HandOff:
         argv[10] = keys.shard_of(room, self.shards)
         argv[11] = ""
         reply: Any = await self.calls.call(
-            "EVAL", _SAY_CLUSTER, 5, keys.room_senders(room), keys.room_seq(room), keys.room_utterances(room),
+            "EVAL", say.CLUSTER, 5, keys.room_senders(room), keys.room_seq(room), keys.room_utterances(room),
             keys.room_output(room), keys.room_state(room), *argv)
         status = int(reply[0])
         if status != 1:
@@ -182,7 +145,7 @@ class HandOff:
         room node's connection, not the shard's); :class:`voxroom.errors.NotReplicated` when they
         did not confirm in time, raised after the hand-off: the line is in the primary's
         ``:utt`` and is handed and spoken like any other, only the answer differs."""
-        outcome, mark, line = await self.say(room, argv)
+        outcome, mark, line = await self.accept(room, argv)
         if not self.wait_replicas:
             if mark is not None and line is not None:
                 await self._hand_off(room, mark, line)
@@ -203,16 +166,10 @@ class HandOff:
         so the node is found from the room's key here. A slot moving between the accept and the
         ``WAIT`` (the accept followed an ``ASK`` during a migration) leaves the ``WAIT`` on the old
         node, where it counts that connection's writes, not the line's: a window of the kind a lost
-        connection opens (app/ingress/say_script.py, :func:`~app.ingress.say_script.wait_replicas`)."""
-        calls = self.calls
-        pipe: AutoPipeline
-        if isinstance(calls, ClusterAutoPipeline):
-            pipe = await calls.pipe_for(keys.room_utterances(room))
-        else:
-            assert isinstance(calls, AutoPipeline)  # checked in __init__
-            pipe = calls
+        connection opens (voxroom/store/replicas.py, :func:`~voxroom.store.replicas.wait_replicas`)."""
+        pipe = await self.calls.pipe_for(keys.room_utterances(room))
         await wait_replicas(pipe, room, outcome, replicas=self.wait_replicas, timeout_ms=self.wait_timeout_ms,
-                            room_ttl_s=self.room_idle_ttl_s, one_connection=one_connection(pipe.redis))
+                            room_ttl_s=self.room_idle_ttl_s)
 
     async def _hand_off(self, room: str, mark: RoomMark, line: Line) -> None:
         try:
@@ -233,7 +190,8 @@ class HandOff:
         """Add ``line``'s job to the room's shard unless the shard has it. ``True``: added now."""
         shard = mark.shard
         added = await self.calls.call(
-            "EVAL", _HAND, 3, keys.job_shard(shard), keys.job_shard_handed(shard), keys.job_shard_handed_at(shard),
+            "EVAL", handoff.HAND, 3, keys.job_shard(shard), keys.job_shard_handed(shard),
+            keys.job_shard_handed_at(shard),
             room, line.seq, mark.epoch, self.jobs_maxlen, int(time.time() * 1000), *line.fields)
         if added:
             self.handed += 1
@@ -241,7 +199,7 @@ class HandOff:
 
     async def record(self, room: str, mark: RoomMark, seq: int) -> None:
         """Every line of the room up to ``seq`` is in its shard."""
-        await self.calls.call("EVAL", _RECORD, 1, keys.room_state(room), seq, mark.epoch)
+        await self.calls.call("EVAL", handoff.RECORD, 1, keys.room_state(room), seq, mark.epoch)
 
     async def mark(self, room: str) -> tuple[int, RoomMark | None]:
         """The room's last seq and its hand-off mark (``None``: no ``:state`` epoch, a room

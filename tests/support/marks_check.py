@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from tests.audio_analysis import frame_rms
+from tests.support.audio import frame_rms
 from voxroom.voices.catalog import Voice
 from workers.engines.base import SynthesisRequest, TimedEngine
 from workers.engines.marks import WordMark

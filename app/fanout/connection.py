@@ -26,7 +26,7 @@ from collections import deque
 
 from starlette.websockets import WebSocket
 
-from app.room.transport import BatchSend, abort
+from app.fanout.transport import BatchSend, abort
 from voxroom.wire.protocol import CODEC_PCM16, CloseCode
 
 log = logging.getLogger("voxroom.gateway.connection")
@@ -123,7 +123,7 @@ class ClientConnection:
 
         What is queued when the writer wakes (a line's ``start`` with its first frame, the
         frames of a paced group, every room's messages of one loop turn) goes out in one socket
-        write (:class:`app.room.transport.BatchSend`) while the client keeps up; a client whose
+        write (:class:`app.fanout.transport.BatchSend`) while the client keeps up; a client whose
         socket holds unsent bytes gets one ASGI send at a time, which waits for the socket, so
         what it has not taken stays in this queue, where the overflow policy applies."""
         ws = self.websocket

@@ -1,4 +1,4 @@
-"""The worker's own Prometheus metrics, served by its ``/metrics`` (workers/metrics_http.py).
+"""The worker's own Prometheus metrics, served by its ``/metrics`` (workers/intake/metrics_http.py).
 
 Before, a worker had no port: it wrote its figures into its heartbeat hash and every gateway
 re-exported them, so a cluster-wide scrape counted each worker once per gateway, and where a
@@ -30,9 +30,9 @@ from prometheus_client.metrics_core import Metric
 from voxroom.runtime import metrics as shared
 
 if TYPE_CHECKING:
-    from workers.intake.job import Utterance
     from workers.intake.worker import Worker
     from workers.output.publisher import PublishResult
+    from workers.utterance import Utterance
 
 STAGE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5,
                  2.0, 3.0, 5.0, 10.0)

@@ -3,7 +3,7 @@ job shard are handed from the room's ``:utt`` (docs/cluster.md, "Jobs without a 
 
 A hand-off is lost when the gateway that accepted a line dies between the accept and the
 hand-off, or the shard's node did not answer then. The room's next line hands the gap itself
-(app/ingress/handoff.py); this loop covers a room that says nothing more. Every :data:`SWEEP_EVERY_S`
+(voxroom/store/cluster/ingress.py); this loop covers a room that says nothing more. Every :data:`SWEEP_EVERY_S`
 it reads each room index shard (``vx:rooms:{rK}``) for the rooms active in the last
 :data:`ACTIVE_WINDOW_S`, and for each compares ``:seq`` with ``handed`` in ``:state``. A room
 behind is swept under a lease in its own slot (``vx:room:{R}:sweep``, ``SET NX PX``), so two
@@ -25,9 +25,10 @@ import time
 
 from redis.exceptions import MovedError, RedisClusterException
 
-from app.ingress.handoff import HandOff
 from voxroom.store import keys
 from voxroom.store.backoff import REDIS_DOWN
+from voxroom.store.cluster.ingress import ClusterIngress
+from voxroom.store.lua import claims, handoff
 
 log = logging.getLogger("voxroom.gateway.sweeper")
 
@@ -44,28 +45,11 @@ CONCURRENT_ROOMS = 16
 _SKIP_PASS: tuple[type[BaseException], ...] = (*REDIS_DOWN, MovedError, RedisClusterException)
 """Redis unavailable, or a slot moving (a ``MOVED`` twice in a row): the next pass tries again."""
 
-# KEYS: 1 lease. ARGV: 1 holder.
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-
-# KEYS: 1 shard :handed, 2 shard :handed_at. ARGV: 1 cutoff ms, 2 at most.
-_PRUNE = """
-local old = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. ARGV[1], 'LIMIT', 0, ARGV[2])
-if #old > 0 then
-  redis.call('HDEL', KEYS[1], unpack(old))
-  redis.call('ZREM', KEYS[2], unpack(old))
-end
-return #old
-"""
-
-
 class Sweeper:
-    def __init__(self, handoff: HandOff, holder: str, *, room_idle_ttl_s: int = 3600,
+    def __init__(self, ingress: ClusterIngress, holder: str, *, room_idle_ttl_s: int = 3600,
                  every_s: float = SWEEP_EVERY_S, grace_ms: int = GRACE_MS) -> None:
         """``holder``: this gateway's id (the value of the leases it takes)."""
-        self.handoff = handoff
+        self.ingress = ingress
         self.holder = holder
         self.room_idle_ttl_s = room_idle_ttl_s
         self.every_s = every_s
@@ -86,16 +70,16 @@ class Sweeper:
         grace (tests pass 0)."""
         now_ms = int(time.time() * 1000)
         grace = self.grace_ms if grace_ms is None else grace_ms
-        calls = self.handoff.calls
+        calls = self.ingress.calls
         rooms: list[str] = []
-        for shard in range(self.handoff.shards):
+        for shard in range(self.ingress.shards):
             index = keys.rooms_shard(shard)
             found = await calls.call("ZREVRANGEBYSCORE", index, "+inf", now_ms - ACTIVE_WINDOW_S * 1000,
                                      "LIMIT", 0, ROOMS_PER_SHARD)
             rooms += [str(room) for room in found]
             cutoff = now_ms - self.room_idle_ttl_s * 1000
             await calls.call("ZREMRANGEBYSCORE", index, "-inf", f"({cutoff}")
-            await calls.call("EVAL", _PRUNE, 2, keys.job_shard_handed(shard), keys.job_shard_handed_at(shard),
+            await calls.call("EVAL", handoff.PRUNE, 2, keys.job_shard_handed(shard), keys.job_shard_handed_at(shard),
                              cutoff, PRUNE_PER_PASS)
         limit = asyncio.Semaphore(CONCURRENT_ROOMS)
 
@@ -110,17 +94,17 @@ class Sweeper:
     async def sweep_room(self, room: str, *, older_than_ms: float) -> int:
         """Hand the room's lines past ``handed`` (accepted before ``older_than_ms``), under the
         room's lease; 0 when it is not behind or another gateway holds the lease."""
-        seq, mark = await self.handoff.mark(room)
+        seq, mark = await self.ingress.mark(room)
         if mark is None or seq <= mark.handed:
             return 0
-        calls = self.handoff.calls
+        calls = self.ingress.calls
         lease = keys.room_sweep_lease(room)
         if not await calls.call("SET", lease, self.holder, "NX", "PX", LEASE_MS):
             return 0
         try:
-            done = await self.handoff.catch_up(room, mark, seq, older_than_ms=older_than_ms)
+            done = await self.ingress.catch_up(room, mark, seq, older_than_ms=older_than_ms)
         finally:
-            await calls.call("EVAL", _RELEASE, 1, lease, self.holder)
+            await calls.call("EVAL", claims.RELEASE, 1, lease, self.holder)
         if done:
             log.info("room %s: %d lines handed by the sweeper (handed %d, seq %d)", room, done, mark.handed, seq)
         return done

@@ -8,7 +8,7 @@
    client can only be let go by aborting the transport (which also ends the endpoint's receive
    with a disconnect).
 3. **Write several messages in one transport write** (:class:`BatchSend`): an ASGI ``send`` is
-   one WebSocket frame and one socket write. A client's writer (app/room/connection.py) often holds
+   one WebSocket frame and one socket write. A client's writer (app/fanout/connection.py) often holds
    more than one message when it wakes (a line's ``start`` and its first audio frame, a paced
    pair of slices), and one ``send()`` system call for all of them costs the gateway a syscall
    less per extra frame and wakes the client once instead of once per frame.

@@ -2,13 +2,13 @@
 
 Pure numpy, mono float arrays in [-1, 1]. Import it from any test::
 
-    from tests.audio_analysis import is_speech_like, max_jump
+    from tests.support.audio import is_speech_like, max_jump
 
     verdict = is_speech_like(audio, 22_050)
     assert verdict, verdict.reason
 
 The thresholds were set on the real engines (Piper, espeak-ng in English, Mandarin and
-Cantonese) against silence, sine tones and white noise; ``tests/test_audio_analysis.py`` proves
+Cantonese) against silence, sine tones and white noise; ``tests/support/test_audio.py`` proves
 the separation.
 """
 

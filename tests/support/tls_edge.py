@@ -5,7 +5,7 @@ and Debian's nginx on free ports.
 
 The browser test (tests/browser/tls.e2e.test.mjs) runs it as a command::
 
-    python -m tests.ops.tls_edge --dir DIR --gateway 127.0.0.1:8001 --gateway 127.0.0.1:8001
+    python -m tests.support.tls_edge --dir DIR --gateway 127.0.0.1:8001 --gateway 127.0.0.1:8001
 
 which prints one JSON line (``https``, ``spki``, ``ca``, ``access_log``) once nginx answers over TLS
 and stops nginx when its stdin closes or it gets SIGTERM.

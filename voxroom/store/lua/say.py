@@ -1,0 +1,127 @@
+"""The ``say`` script: one line accepted atomically (dedupe, back-pressure, the room's next
+number, the voice switch), then written where its mode hands it to the workers.
+
+One Redis writes the line to the room's log and to ``vx:jobs`` in the same script
+(:data:`SINGLE`). A cluster cannot (``vx:jobs`` would be another slot): it writes the room's log
+and returns what the hand-off to the room's job shard needs (:data:`CLUSTER`,
+voxroom/store/cluster/ingress.py). Everything before the write is :data:`BODY`, the same text in
+both.
+"""
+
+from __future__ import annotations
+
+# KEYS: 1 senders, 2 seq, 3 utt, 4 jobs, 5 state, 6 rooms, 7 out.
+# ARGV: 1 sender, 2 client seq, 3 text, 4 voice, 5 now ms, 6 utt maxlen, 7 jobs maxlen, 8 room,
+#       9 max pending, 10 idle ttl s, 11 stale cutoff ms, 12 stale entries per call, 13 switch lines,
+#       14 the line's own lexicon as JSON ('' for none).
+BODY = """
+local last = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
+if tonumber(ARGV[2]) <= last then return {0, last} end
+local nxt = tonumber(redis.call('HGET', KEYS[5], 'next') or '1')
+local seq = redis.call('GET', KEYS[2])
+if not seq then
+  seq = nxt - 1
+elseif redis.call('HEXISTS', KEYS[5], 'voice') == 0 then
+  seq = tonumber(seq)
+  nxt = seq + 1
+  redis.call('HSET', KEYS[5], 'next', nxt)
+else
+  seq = tonumber(seq)
+end
+if seq - nxt + 1 >= tonumber(ARGV[9]) then return {-1, seq - nxt + 1} end
+seq = seq + 1
+redis.call('SET', KEYS[2], seq, 'EX', ARGV[10])
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+local prev = redis.call('HGET', KEYS[5], 'voice') or ARGV[4]
+redis.call('HSET', KEYS[5], 'voice', ARGV[4])
+local from = redis.call('HGET', KEYS[5], 'switch_from')
+local line = tonumber(redis.call('HGET', KEYS[5], 'switch_line') or '0')
+local lines = tonumber(redis.call('HGET', KEYS[5], 'switch_lines') or ARGV[13])
+if prev ~= ARGV[4] then
+  if from == ARGV[4] and line > 0 and line < lines then
+    line = lines - line
+  else
+    line = 0
+    lines = tonumber(ARGV[13])
+  end
+  from = prev
+end
+local extra = {}
+if from then
+  extra = {'switch_from', from, 'switch_line', line, 'switch_lines', lines}
+  if line + 1 >= lines then
+    redis.call('HDEL', KEYS[5], 'switch_from', 'switch_line', 'switch_lines')
+  else
+    redis.call('HSET', KEYS[5], 'switch_from', from, 'switch_line', line + 1, 'switch_lines', lines)
+  end
+end
+if ARGV[14] ~= '' then
+  extra[#extra + 1] = 'lexicon'
+  extra[#extra + 1] = ARGV[14]
+end
+"""
+"""Numbering, dedupe, back-pressure and the voice switch: shared with the cluster's ``say``
+(app/ingress/handoff.py), which differs only in what it writes after."""
+SINGLE = BODY + """\
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[6], '*', 'seq', seq, 'text', ARGV[3], 'voice', ARGV[4],
+           'sender', ARGV[1], 'client_seq', ARGV[2], 'time', ARGV[5])
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[7], '*', 'room', ARGV[8], 'seq', seq, 'text', ARGV[3],
+           'voice', ARGV[4], 'prev_voice', prev, 'sender', ARGV[1], 'time', ARGV[5], unpack(extra))
+redis.call('EXPIRE', KEYS[1], ARGV[10])
+redis.call('EXPIRE', KEYS[3], ARGV[10])
+redis.call('EXPIRE', KEYS[5], ARGV[10])
+redis.call('EXPIRE', KEYS[7], ARGV[10])
+redis.call('ZADD', KEYS[6], ARGV[5], ARGV[8])
+local stale = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', '(' .. ARGV[11], 'LIMIT', 0, ARGV[12])
+if #stale > 0 then redis.call('ZREM', KEYS[6], unpack(stale)) end
+redis.call('EXPIRE', KEYS[6], ARGV[10])
+return {1, seq}
+"""
+# Why the script reads the way it does:
+# - ``:seq`` missing while ``:state`` is not: ``:state`` outlives ``:seq`` when the worker's last
+#   publish came after the last ``say`` (it refreshes ``:state``, not ``:seq``). Numbering then
+#   continues where playback stands (``next - 1``), never below it, or the new line would wait
+#   forever behind a ``next`` it can never reach.
+# - ``:state`` missing while ``:seq`` is not (every accepted line writes ``voice``, so a ``:state``
+#   without it was lost: evicted under ``maxmemory``, see docker-compose.yml): the room starts
+#   over from its last number (``next = seq + 1``; lines still pending from before are dropped as
+#   stale by the worker) instead of answering ``busy`` until ``:seq`` expires.
+# - ``EXPIRE`` on ``:out`` before the worker ever wrote it is a no-op; the worker refreshes it.
+# - ``vx:rooms`` itself expires when no line was accepted anywhere for the TTL: then every entry
+#   in it is stale, and no later ``say`` may ever come to remove them.
+# - Voice switches span lines: a switch's progress (``switch_from``, the next ``switch_line``,
+#   ``switch_lines``) lives in ``:state`` until its last line is handed out, and each of its
+#   lines carries the same three fields in ``vx:jobs`` (the worker blends line k of L over
+#   ``k/L..(k+1)/L``). Numbered here, in room order, because a room's lines may be synthesized
+#   at once on different workers: none of them could read "how far has the switch got" then.
+#   ``prev_voice`` stays for workers from before (they switch within the line).
+# - A switch while another runs starts from the voice the room was moving to (the sound jumps
+#   from the blend reached to the first step of the new path), except a switch back to the voice
+#   the running switch came from: that path is the same one reversed, so it goes on from where
+#   it stands (line ``lines - line``) with no jump at all.
+# - A line's own lexicon (``say``'s ``lexicon``, voxroom/voices/line_lexicon.py) rides in ``vx:jobs`` as
+#   one JSON field, only when given: the worker that synthesizes the line needs it, the room's
+#   log does not. A worker from before ignores the field and speaks the line without it.
+
+# KEYS: 1 senders, 2 seq, 3 utt, 4 out, 5 state (one slot: the room's).
+# ARGV: as :data:`SINGLE`'s (the body reads 1, 2, 4, 9, 10, 13, 14), except 7: an epoch for a new
+# ``:state``, 11: the room's shard for a new ``:state``; 12 unused.
+# Returns {1, seq, epoch, handed, shard, the :utt entry's field pairs...} when accepted.
+CLUSTER = BODY + """\
+local fields = {'seq', seq, 'text', ARGV[3], 'voice', ARGV[4], 'prev_voice', prev,
+                'sender', ARGV[1], 'client_seq', ARGV[2], 'time', ARGV[5], unpack(extra)}
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[6], '*', unpack(fields))
+if redis.call('HEXISTS', KEYS[5], 'epoch') == 0 then
+  redis.call('HSET', KEYS[5], 'epoch', ARGV[7], 'handed', seq - 1, 'shard', ARGV[11])
+end
+local st = redis.call('HMGET', KEYS[5], 'epoch', 'handed', 'shard')
+redis.call('EXPIRE', KEYS[1], ARGV[10])
+redis.call('EXPIRE', KEYS[3], ARGV[10])
+redis.call('EXPIRE', KEYS[5], ARGV[10])
+redis.call('EXPIRE', KEYS[4], ARGV[10])
+return {1, seq, st[1], tonumber(st[2]), tonumber(st[3]), unpack(fields)}
+"""
+# Why: ``:utt`` holds what the job needs (prev_voice, the switch fields, the lexicon), so a line
+# can be handed again from it alone. ``handed`` starts just below the room's first line in a new
+# ``:state``: when ``:state`` was lost and ``:seq`` was not, the lines before are stale anyway
+# (the worker drops them, ``next`` starts over past them) and must not be handed again.
