@@ -16,8 +16,12 @@ from voxroom.store.server import RedisServer
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every test's timeout (its own ``timeout`` mark, or the ini's) times
-    ``VOXROOM_TEST_TIMEOUT_FACTOR`` (tests/support/waiting.py)."""
+    """ChatTTS tests are ``serial`` too: the model's threads keep both cores busy, and the tests
+    beside them would be measured on what is left. Every test's timeout (its own ``timeout`` mark,
+    or the ini's) times ``VOXROOM_TEST_TIMEOUT_FACTOR`` (tests/support/waiting.py)."""
+    for item in items:
+        if item.get_closest_marker("chattts") is not None:
+            item.add_marker(pytest.mark.serial)
     if FACTOR == 1:
         return
     default = float(config.getini("timeout") or 0)

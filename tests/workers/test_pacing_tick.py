@@ -12,6 +12,10 @@ import uvloop
 
 from workers.output.clock import RoomClock
 
+# The machine's own timing is what these measure (a row starts on its own clock, a tick wakes its
+# sleepers together): run alone (scripts/test), not beside tests that keep the cores busy.
+pytestmark = pytest.mark.serial
+
 TICK_MS = 10.0
 
 
