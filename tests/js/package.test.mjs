@@ -45,7 +45,7 @@ test('the tarball holds the client modules, the worklet, their types and the REA
 });
 
 test('the version is tied to the wire protocol: major = PROTOCOL_VERSION of voxroom/wire/protocol.py', () => {
-  const py = readFileSync(join(root, 'voxroom', 'protocol.py'), 'utf8').match(/^PROTOCOL_VERSION: Final = (\d+)$/m);
+  const py = readFileSync(join(root, 'voxroom', 'wire', 'protocol.py'), 'utf8').match(/^PROTOCOL_VERSION: Final = (\d+)$/m);
   assert.ok(py, 'voxroom/wire/protocol.py declares PROTOCOL_VERSION');
   const version = Number(py[1]);
   assert.equal(Number(manifest.version.split('.')[0]), version);
