@@ -6,7 +6,7 @@ The model reads Chinese syllables only: a digit or a letter that reached it woul
 | written | read | rule |
 |---|---|---|
 | ``5号``, ``第3``, ``105`` | 五号, 第三, 一百零五 | an integer, as a quantity (up to 16 digits) |
-| ``2个``, ``2名`` | 两个, 两名 | a lone 2 before a measure word |
+| ``2个``, ``2名`` | 两个, 两名 | a lone 2 before a measure word (but 第2天: 第二天) |
 | ``3.5``, ``-3``, ``1,000`` | 三点五, 负三, 一千 | decimals, a minus sign, thousands separators |
 | ``2024年`` | 二零二四年 | four digits before 年: a year, digit by digit |
 | ``007``, ``13812345678`` | 零零七, 一三八... | a leading zero, or nine digits and more: a code, digit by digit |
@@ -94,7 +94,7 @@ def _minus(sign: str, at: int, text: str) -> str:
     return "负" if sign and (at == 0 or not _ASCII_WORD.match(text[at - 1])) else ""
 
 
-def _number(whole: str, fraction: str | None, text: str, end: int) -> str:
+def _number(whole: str, fraction: str | None, text: str, start: int, end: int) -> str:
     if fraction is not None:
         return decimal(whole, fraction)
     if len(whole) > 1 and whole.startswith("0"):
@@ -103,8 +103,8 @@ def _number(whole: str, fraction: str | None, text: str, end: int) -> str:
         return digit_by_digit(whole)
     if len(whole) >= CODE_DIGITS:
         return digit_by_digit(whole)
-    if whole == "2" and text[end:end + 1] in MEASURE_WORDS:
-        return "两"
+    if whole == "2" and text[end:end + 1] in MEASURE_WORDS and text[start - 1:start] != "第":
+        return "两"  # 两个人; but 第二天, an ordinal
     return cardinal(whole)
 
 
@@ -164,7 +164,7 @@ def _integer(m: re.Match[str], text: str) -> list[Piece]:
     whole = m.group(2).replace(",", "")
     sign = _minus(m.group(1), m.start(), text)
     start = m.start() if sign else m.start(2)
-    return [(start, m.end(), sign + _number(whole, m.group(3), text, m.end()))]
+    return [(start, m.end(), sign + _number(whole, m.group(3), text, m.start(2), m.end()))]
 
 
 def _letters(m: re.Match[str], text: str) -> list[Piece]:

@@ -13,7 +13,8 @@ So a clause's mel is vocoded in pieces of at most :data:`PIECE_FRAMES` frames, e
 context, and the audio is the same as one run over the clause; the line's first piece is short
 (:data:`FIRST_FRAMES`, 0.4 s of audio) so that the first audio waits for FastSpeech2 on the
 first clause and for 0.4 s of vocoding, not for the whole clause. Memory stays bounded: no run
-sees more than ``PIECE_FRAMES + 2 * CONTEXT_FRAMES`` frames.
+sees more than ``1.5 * PIECE_FRAMES + 2 * CONTEXT_FRAMES`` frames (the interpreter's arena grows
+to the largest input it was given and stays there: about 150 MB per engine, both models).
 """
 
 from __future__ import annotations
