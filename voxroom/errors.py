@@ -8,8 +8,11 @@
     │   └── ModelNotFound      weights missing or corrupt (clear message, no traceback)
     ├── UnknownVoice           a voice id that the catalog does not have
     ├── Overloaded             a bounded queue is full; carries ``retry_after_ms``
-    └── NotReplicated          a line is in the primary, ``WAIT`` did not confirm its replicas;
-                               also a redis-py ``TimeoutError`` (below)
+    ├── NotReplicated          a line is in the primary, ``WAIT`` did not confirm its replicas;
+    │                          also a redis-py ``TimeoutError`` (below)
+    └── ResponseCut            a streamed speech response cannot be finished whole: it must end
+        ├── StreamGap          visibly broken (no terminating chunk); entries it needs are gone;
+        └── TakesDiffer        a line restarted mid-way is not the audio already sent
 
 Protocol-level problems are :class:`voxroom.protocol.ProtocolError` (kept in the pure protocol
 module); the room endpoint (``app/ws.py``) turns them into ``error`` messages or close codes.
@@ -62,3 +65,31 @@ class NotReplicated(VoxroomError, RedisTimeoutError):
     ``voxroom.backoff.REDIS_DOWN``: the room WebSocket answers ``unavailable`` with
     ``retry_after_ms`` and the client resends the same seq, which the say script answers
     ``duplicate`` after a ``WAIT`` of its own. Never ``accepted`` for a line a failover may lose."""
+
+
+class ResponseCut(VoxroomError):
+    """A ``POST /v1/audio/speech`` response already under way that cannot be finished whole
+    (Redis lost, no worker output in time, a line failed, ...). Its body must not end cleanly:
+    ``app/speech_stream.py`` closes the connection before the terminating chunk, which HTTP
+    clients report as an incomplete body. ``reason`` is a short label for logs and metrics."""
+
+    reason = "failed"
+
+    def __init__(self, message: str, reason: str | None = None) -> None:
+        super().__init__(message)
+        if reason is not None:
+            self.reason = reason
+
+
+class StreamGap(ResponseCut):
+    """Entries a response needs are missing from its room's output stream (trimmed, or lost by a
+    Redis that restarted): what it would send is not the whole audio."""
+
+    reason = "gap"
+
+
+class TakesDiffer(ResponseCut):
+    """A line was restarted by another worker after part of it was sent, and the new take is not
+    the same audio: continuing would splice two different takes (app/speech_takes.py)."""
+
+    reason = "takes_differ"
