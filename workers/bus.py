@@ -17,7 +17,9 @@ skipped past it): :class:`TurnLost`, the line dropped as stale and acked.
 **Room keys expire.** An utterance's first publish, then one a second, and its finish refresh
 ``EXPIRE room_idle_ttl_s`` on the room's output stream and state hash, and trim the output stream
 by time (``XADD ... MINID ~`` the resume window) instead of by a count: a room nobody speaks in for
-an hour leaves nothing behind.
+an hour leaves nothing behind. Private API rooms (``_api-*``) are never trimmed here: their gateway
+may read them later than the window (a slow client), and trims what it has sent itself
+(app/speech_room.py).
 **On Redis Cluster** (``cluster`` given) the job methods go to :class:`workers.shards.ShardedJobs`:
 job shards, and the ownership fence moved into the room's slot (an owner field in ``:state``),
 the ack after it on the shard.
@@ -107,7 +109,7 @@ for j = 1, (#KEYS - 1) / 2 do
   else
     local ok, err = pcall(function()
       local head = {'XADD', out, '*'}
-      if maintain then
+      if maintain and only_unset ~= '1' then  -- a private room ('1') is trimmed by its gateway, never here
         trim = trim or minid(window)
         head = {'XADD', out, 'MINID', '~', trim, '*'}
       end
@@ -158,7 +160,8 @@ _FINISH = _PRELUDE + """
 -- ``next`` this script always made.
 if not owned(KEYS[1], ARGV[1], ARGV[2], ARGV[3]) then return 0 end
 if not our_turn(KEYS[3], tonumber(ARGV[7]) - 1) then return -1 end
-redis.call('XADD', KEYS[2], 'MINID', '~', minid(ARGV[4]), '*', unpack(ARGV, 9))
+-- A private room (only_unset '1') keeps everything: its gateway trims what it has sent.
+redis.call('XADD', KEYS[2], 'MINID', '~', ARGV[6] == '1' and '0' or minid(ARGV[4]), '*', unpack(ARGV, 9))
 redis.call('HSET', KEYS[3], 'next', ARGV[7])
 local e = tonumber(redis.call('HGET', KEYS[3], 'end_ms') or '0')
 if e < tonumber(ARGV[8]) then redis.call('HSET', KEYS[3], 'end_ms', ARGV[8]) end

@@ -82,7 +82,8 @@ if not owned(KEYS[2], ARGV[1], ARGV[2]) then return 0 end
 if not our_turn(KEYS[2], ARGV[8]) then return -1 end
 local maintain = ARGV[7] == '1'
 local head = {'XADD', KEYS[1], '*'}
-if maintain then head = {'XADD', KEYS[1], 'MINID', '~', minid(ARGV[3]), '*'} end
+-- A private room (only_unset '1') is trimmed by its gateway, never here (workers/bus.py).
+if maintain and ARGV[5] ~= '1' then head = {'XADD', KEYS[1], 'MINID', '~', minid(ARGV[3]), '*'} end
 local i = 9
 while i <= #ARGV do
   local n = tonumber(ARGV[i]) * 2
@@ -108,7 +109,7 @@ return 1
 _FINISH = _PRELUDE + """
 if not owned(KEYS[2], ARGV[1], ARGV[2]) then return 0 end
 if not our_turn(KEYS[2], tonumber(ARGV[6]) - 1) then return -1 end
-redis.call('XADD', KEYS[1], 'MINID', '~', minid(ARGV[3]), '*', unpack(ARGV, 8))
+redis.call('XADD', KEYS[1], 'MINID', '~', ARGV[5] == '1' and '0' or minid(ARGV[3]), '*', unpack(ARGV, 8))
 redis.call('HSET', KEYS[2], 'next', ARGV[6])
 local e = tonumber(redis.call('HGET', KEYS[2], 'end_ms') or '0')
 if e < tonumber(ARGV[7]) then redis.call('HSET', KEYS[2], 'end_ms', ARGV[7]) end
