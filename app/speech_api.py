@@ -14,13 +14,19 @@ with the audio and its word timestamps as JSON (app/captioned.py).
 
 When it ends the room's keys are deleted; when the caller goes away first, they are set to expire
 instead (the worker may still be publishing into them) and the room is dropped from ``vx:rooms``.
+A ``200`` body is the whole audio or visibly broken: a response that cannot be finished ends
+without its terminating chunk (app/speech_stream.py), and a line restarted by another worker is
+never said twice (app/speech_takes.py).
 
 Auth (unless ``--insecure-dev``): ``Authorization: Bearer <token>``, where OpenAI clients put
 their API key, holding a room token (voxroom/tokens.py) with role ``speaker`` for the room
 ``_api`` or ``*``: mint one with ``voxroom token``. Missing or bad: 401; a listener: 403.
 
-Load shedding: at most ``speech_max_streams`` responses at once per gateway; past it, 503 with
-``Retry-After``; the slot is taken with no await after the check. Errors have OpenAI's shape
+Load shedding: at most ``speech_max_streams`` responses at once per gateway, and at most
+``speech_max_streams_per_client`` of them for one token subject or one client address
+(:func:`owners`); past either, 503 with ``Retry-After`` (``busy``, ``client_busy``); the slot is
+taken with no await after the check. A response whose client reads nothing for
+``send_stall_close_s`` is aborted and its slot freed. Errors have OpenAI's shape
 (``{"error": {"message", "type", "param", "code"}}``), unexpected ones included (app/openai_compat.py).
 """
 
