@@ -47,7 +47,7 @@ class Takes:
         self._sent = 0
         """Samples of the line handed out and committed, whichever take they came from."""
         self._sent_hash = hashlib.blake2b(digest_size=16)
-        self._pending: list[bytes] = []
+        self._pending: list[np.ndarray[Any, Any]] = []
         """Samples of the line handed out by this read, not committed yet."""
         self._pending_samples = 0
         self._pending_words = 0
@@ -96,14 +96,14 @@ class Takes:
         self._chunk += 1
         if self._check_left:
             head = pcm[:self._check_left]
-            self._check_hash.update(head.tobytes())
+            self._check_hash.update(np.ascontiguousarray(head).data)
             self._check_left -= int(head.size)
             pcm = pcm[head.size:]
             if not self._check_left and self._check_hash.digest() != self._expect:
                 raise TakesDiffer(f"line {seq} was restarted by another worker after "
                                   f"{self._sent} samples of it were sent, and its new take differs")
         if pcm.size:
-            self._pending.append(pcm.tobytes())
+            self._pending.append(pcm)  # a view: hashed when committed, never copied
             self._pending_samples += int(pcm.size)
         return pcm
 
@@ -131,7 +131,7 @@ class Takes:
     def commit(self) -> None:
         """What was handed out since the last call is sent: a restart can no longer drop it."""
         for piece in self._pending:
-            self._sent_hash.update(piece)
+            self._sent_hash.update(np.ascontiguousarray(piece).data)
         self._sent += self._pending_samples
         self._sent_words += self._pending_words
         self._pending, self._pending_samples, self._pending_words = [], 0, 0
