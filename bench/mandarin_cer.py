@@ -60,9 +60,9 @@ import numpy.typing as npt
 import soxr
 from mandarin_lines import ENGLISH, HELD_OUT, SETS, TRADITIONAL  # bench/ is scripts: its own folder is on sys.path
 
-from voxroom.wire.protocol import ROOM_RATE
 from voxroom.runtime.settings import Settings
 from voxroom.voices.catalog import Catalog, Voice
+from voxroom.wire.protocol import ROOM_RATE
 from workers.engines.base import Engine, SynthesisRequest
 from workers.engines.registry import create_engine
 from workers.launch import engine_options

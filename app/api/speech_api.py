@@ -14,13 +14,19 @@ with the audio and its word timestamps as JSON (app/api/captioned.py).
 
 When it ends the room's keys are deleted; when the caller goes away first, they are set to expire
 instead (the worker may still be publishing into them) and the room is dropped from ``vx:rooms``.
+A ``200`` body is the whole audio or visibly broken: a response that cannot be finished ends
+without its terminating chunk (app/api/speech_stream.py), and a line restarted by another worker is
+never said twice (app/api/speech_takes.py).
 
 Auth (unless ``--insecure-dev``): ``Authorization: Bearer <token>``, where OpenAI clients put
 their API key, holding a room token (voxroom/wire/tokens.py) with role ``speaker`` for the room
 ``_api`` or ``*``: mint one with ``voxroom token``. Missing or bad: 401; a listener: 403.
 
-Load shedding: at most ``speech_max_streams`` responses at once per gateway; past it, 503 with
-``Retry-After``; the slot is taken with no await after the check. Errors have OpenAI's shape
+Load shedding: at most ``speech_max_streams`` responses at once per gateway, and at most
+``speech_max_streams_per_client`` of them for one token subject or one client address
+(:func:`owners`); past either, 503 with ``Retry-After`` (``busy``, ``client_busy``); the slot is
+taken with no await after the check. A response whose client reads nothing for
+``send_stall_close_s`` is aborted and its slot freed. Errors have OpenAI's shape
 (``{"error": {"message", "type", "param", "code"}}``), unexpected ones included (app/api/openai_compat.py).
 """
 
@@ -34,7 +40,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import anyio
 from redis.exceptions import RedisError
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from app.api import captioned, openai_compat
@@ -49,9 +55,11 @@ from app.api.speech_formats import (
     refusal,
 )
 from app.api.speech_room import MAX_INPUT_CHARS, RoomBusy, SpeechRoom, StreamSlots, split_input
+from app.api.speech_stream import SpeechStream
 from app.api.voices_api import api_error, json_errors, read_json, served
 from app.ingress.voice_search import resolve_scene
-from voxroom.errors import UnknownVoice
+from app.room.admission import ban_address
+from voxroom.errors import ResponseCut, UnknownVoice
 from voxroom.runtime.settings import Settings
 from voxroom.store import keys
 from voxroom.voices import mix as voice_mix
@@ -133,11 +141,12 @@ def _options(body: dict[str, Any]) -> tuple[list[str], str, float] | Response:
 
 
 async def _body(reader: SpeechRoom, encoder: Encoder) -> AsyncIterator[bytes]:
+    """The encoded audio; raises :class:`~voxroom.errors.ResponseCut` when it cannot be whole."""
     async for slices in reader.batches():
         out = b"".join(encoder.feed(s) for s in slices)
         if out:
             yield out
-    tail = encoder.finish() if reader.finished else b""
+    tail = encoder.finish()
     if tail:
         yield tail
 
@@ -145,30 +154,14 @@ async def _body(reader: SpeechRoom, encoder: Encoder) -> AsyncIterator[bytes]:
 async def release(reader: SpeechRoom, slots: StreamSlots) -> None:
     """Give the stream slot back and clean the room up (deleted when it finished, else left to
     expire); safe inside a cancelled scope (the client gone)."""
-    slots.release()
+    slots.release(reader.owners)
     with anyio.CancelScope(shield=True):
         await reader.cleanup(finished=reader.finished)
 
 
-class _SpeechResponse(StreamingResponse):
-    """Gives the stream slot back and cleans the room up however the response ends: also when the
-    client is gone before the body started (a body generator that never ran has no ``finally``)."""
-
-    def __init__(self, body: AsyncIterator[bytes], reader: SpeechRoom, slots: StreamSlots, media_type: str,
-                 headers: dict[str, str]) -> None:
-        super().__init__(body, media_type=media_type, headers=headers)
-        self._reader = reader
-        self._slots = slots
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await release(self._reader, self._slots)
-
-
-def _authorize(request: Request, state: GatewayState) -> Response | None:
-    """``None`` when the caller may synthesize, else the 401/403 to answer."""
+def _authorize(request: Request, state: GatewayState) -> Response | str | None:
+    """The token's subject (``None``: it has none, or auth is off) when the caller may
+    synthesize, else the 401/403 to answer."""
     if state.settings.insecure_dev:
         return None
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
@@ -180,26 +173,36 @@ def _authorize(request: Request, state: GatewayState) -> Response | None:
         return api_error(401, str(exc), "invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
     if not grant.can_speak:
         return api_error(403, "a listener token cannot synthesize speech", "forbidden")
-    return None
+    return grant.subject or None
+
+
+def owners(request: Request, subject: str | None) -> tuple[str, ...]:
+    """Whom a request's stream slot counts against for the per-client share: its token's
+    subject, and its client address (the one the flood ban uses: none behind a proxy uvicorn
+    does not trust, where every client would share the proxy's)."""
+    address = ban_address(request)
+    return ((f"sub:{subject}",) if subject else ()) + ((f"addr:{address}",) if address else ())
 
 
 class Speech(NamedTuple):
-    """A request's checked parts: what to say, how, and in what voice."""
+    """A request's checked parts: what to say, how, in what voice, and for whom."""
 
     lines: list[str]
     fmt: str
     speed: float
     voice: Voice
     body: dict[str, Any]
+    owners: tuple[str, ...] = ()
+    """What its stream slot counts against (:func:`owners`)."""
 
 
 async def checked(request: Request) -> Speech | Response:
     """The request authorized, read and checked (``POST /v1/audio/speech``'s body), or the
     401/403/400 to answer."""
     state: GatewayState = request.app.state.voxroom
-    denied = _authorize(request, state)
-    if denied is not None:
-        return denied
+    subject = _authorize(request, state)
+    if isinstance(subject, Response):
+        return subject
     body = await read_json(request, MAX_BODY_BYTES)
     if isinstance(body, Response):
         return body
@@ -209,7 +212,7 @@ async def checked(request: Request) -> Speech | Response:
     voice = _voice(state, body)
     if isinstance(voice, Response):
         return voice
-    return Speech(*options, voice, body)
+    return Speech(*options, voice, body, owners(request, subject))
 
 
 async def opened(request: Request, slots: StreamSlots, speech: Speech, *, marks: bool = False) -> SpeechRoom | Response:
@@ -218,13 +221,19 @@ async def opened(request: Request, slots: StreamSlots, speech: Speech, *, marks:
     ``marks``: keep the lines' word marks (:attr:`SpeechRoom.words`)."""
     state: GatewayState = request.app.state.voxroom
     # The slot is taken with no await since the check: a burst never passes the limit.
-    if state.draining or not slots.reserve():
+    taken = "full" if state.draining else slots.reserve(speech.owners)
+    if taken == "full":
         log.warning("speech: %d streams open, refusing another", slots.active)
         return api_error(503, "too many speech requests; retry later", "busy", headers={"Retry-After": "1"})
+    if taken == "share":
+        log.warning("speech: %s holds %d streams, its share of this gateway's %d; refusing another",
+                    " / ".join(speech.owners), slots.per_client, slots.limit)
+        return api_error(503, f"you hold {slots.per_client} speech streams on this gateway, the most one client "
+                         "may; retry when one ends", "client_busy", headers={"Retry-After": "1"})
     room = f"{keys.PRIVATE_ROOM_PREFIX}{uuid.uuid4().hex}"
     assert state.streams is not None, "the lifespan makes it"
     reader = SpeechRoom(state.hub.control, room, state.store.layout.room_index(room), state.streams, state.ingress,
-                        speech.voice.id, speech.lines, keep_marks=marks)
+                        speech.voice.id, speech.lines, keep_marks=marks, owners=speech.owners)
     refused: Response | None = None
     try:
         # Wait for the first audio before answering, so that a failure is a status, not an empty body.
@@ -237,18 +246,22 @@ async def opened(request: Request, slots: StreamSlots, speech: Speech, *, marks:
     except TimeoutError:
         refused = api_error(503, "no worker produced audio in time; retry later", "timeout",
                             headers={"Retry-After": "5"})
+    except ResponseCut as exc:  # the first line's entries damaged or restarted unlike itself: say it again
+        log.warning("speech: %s", exc)
+        refused = api_error(503, f"synthesis interrupted ({exc.reason}); retry", "unavailable",
+                            headers={"Retry-After": "1"})
     except BaseException:
         await release(reader, slots)
         raise
     if refused is not None:
-        slots.release()
+        slots.release(reader.owners)
         await reader.cleanup(finished=False)
         return refused
     # From here the keys exist: give them a TTL at once, so that even a gateway that dies
     # mid-stream leaves nothing behind for good (and the room leaves vx:rooms now).
     await reader.cleanup(finished=False)
     if not reader.buffered and reader.status != "ok":
-        slots.release()
+        slots.release(reader.owners)
         await reader.cleanup(finished=True)
         return api_error(500, f"synthesis failed: {reader.error or reader.status}", "synthesis_failed")
     log.info("speech: room %s voice %s format %s speed %.2f, %d line(s), %d characters", room, speech.voice.id,
@@ -256,10 +269,19 @@ async def opened(request: Request, slots: StreamSlots, speech: Speech, *, marks:
     return reader
 
 
-def stream(reader: SpeechRoom, slots: StreamSlots, body: AsyncIterator[bytes], media_type: str,
+def stream(request: Request, reader: SpeechRoom, slots: StreamSlots, body: AsyncIterator[bytes], media_type: str,
            headers: dict[str, str]) -> Response:
-    """A chunked response of ``body`` that releases ``reader``'s slot and room however it ends."""
-    return _SpeechResponse(body, reader, slots, media_type, headers)
+    """A chunked response of ``body`` that releases ``reader``'s slot and room however it ends,
+    cut visibly when it cannot end whole, and aborted when its client stops reading
+    (app/api/speech_stream.py)."""
+    settings = request.app.state.voxroom.settings
+
+    async def on_end() -> None:
+        await release(reader, slots)
+
+    return SpeechStream(body, media_type=media_type, headers=headers, name=reader.room,
+                        stall_s=settings.send_stall_close_s, send_buffer_bytes=settings.send_buffer_bytes,
+                        on_end=on_end)
 
 
 async def _speech(request: Request, slots: StreamSlots) -> Response:
@@ -270,7 +292,7 @@ async def _speech(request: Request, slots: StreamSlots) -> Response:
     reader = await opened(request, slots, speech)
     if isinstance(reader, Response):
         return reader
-    return stream(reader, slots, _body(reader, encoder), CONTENT_TYPES[speech.fmt],
+    return stream(request, reader, slots, _body(reader, encoder), CONTENT_TYPES[speech.fmt],
                   {"X-Voxroom-Voice": speech.voice.id})
 
 
@@ -289,8 +311,8 @@ async def _captioned(request: Request, slots: StreamSlots) -> Response:
     captions = captioned.Captions(reader, speech.body["input"], speech.speed) if how.timestamps else None
     headers = {"X-Voxroom-Voice": speech.voice.id}
     if how.stream:
-        return stream(reader, slots, captioned.ndjson(reader, encoder, speech.fmt, captions), captioned.NDJSON_TYPE,
-                      headers)
+        return stream(request, reader, slots, captioned.ndjson(reader, encoder, speech.fmt, captions),
+                      captioned.NDJSON_TYPE, headers)
     try:
         return await captioned.whole(reader, encoder, speech.fmt, captions, headers)
     finally:
@@ -300,7 +322,7 @@ async def _captioned(request: Request, slots: StreamSlots) -> Response:
 def routes(settings: Settings) -> list[BaseRoute]:
     """The speech routes (one stream cap for both), then the OpenAI extras (app/api/openai_compat.py),
     whose ``/v1`` catch-all must stay last. Captioned speech also answers at Kokoro-FastAPI's path."""
-    slots = StreamSlots(settings.speech_max_streams)
+    slots = StreamSlots(settings.speech_max_streams, settings.speech_max_streams_per_client)
 
     @json_errors
     async def speech(request: Request) -> Response:

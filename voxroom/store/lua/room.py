@@ -76,7 +76,9 @@ for j = 1, (#KEYS - 1) / 2 do
   else
     local ok, err = pcall(function()
       local head = {'XADD', out, '*'}
-      if maintain then
+      -- A private room (only_unset '1': a speech response's) is trimmed by its gateway as it sends
+      -- it, never here: a slow reader must not lose what it has not read yet.
+      if maintain and only_unset ~= '1' then
         trim = trim or minid(window)
         head = {'XADD', out, 'MINID', '~', trim, '*'}
       end
@@ -115,7 +117,7 @@ _FINISH = """
 -- after it: never back, never past a line that skipped past this one and may be playing.
 if not owned(KEYS[3], ARGV[1], ARGV[2]) then return 0 end
 if not our_turn(KEYS[3], tonumber(ARGV[6]) - 1) then return -1 end
-redis.call('XADD', KEYS[2], 'MINID', '~', minid(ARGV[3]), '*', unpack(ARGV, 8))
+redis.call('XADD', KEYS[2], 'MINID', '~', ARGV[5] == '1' and '0' or minid(ARGV[3]), '*', unpack(ARGV, 8))
 redis.call('HSET', KEYS[3], 'next', ARGV[6])
 local e = tonumber(redis.call('HGET', KEYS[3], 'end_ms') or '0')
 if e < tonumber(ARGV[7]) then redis.call('HSET', KEYS[3], 'end_ms', ARGV[7]) end
