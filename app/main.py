@@ -14,7 +14,6 @@ import os
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 
 from redis.asyncio.cluster import RedisCluster
 from starlette.applications import Starlette
@@ -25,6 +24,7 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
 from app import speech_api, voices_api
+from app.client_files import client_dir
 from app.cors import Cors
 from app.directory import WorkerDirectory
 from app.handoff import HandOff
@@ -49,7 +49,7 @@ from voxroom.supervisor import Supervisor
 from voxroom.voices import Catalog
 
 log = logging.getLogger("voxroom.gateway")
-CLIENT_DIR = Path(__file__).resolve().parent.parent / "client_js"
+CLIENT_DIR = client_dir()  # None: no client installed (app/client_files.py)
 
 
 async def healthz(request: Request) -> Response:
@@ -75,8 +75,8 @@ async def readyz(request: Request) -> Response:
 
 
 async def index(request: Request) -> Response:
-    page = CLIENT_DIR / "demo" / "index.html"
-    if not page.exists():
+    page = CLIENT_DIR / "demo" / "index.html" if CLIENT_DIR is not None else None
+    if page is None or not page.exists():
         return JSONResponse({"service": "voxroom", "websocket": "/rooms/{room_id}/ws"})
     return FileResponse(page)
 
@@ -195,8 +195,11 @@ def create_app(settings: Settings, *, catalog: Catalog | None = None) -> Starlet
         *voices_api.routes(),
         *speech_api.routes(settings),
         WebSocketRoute("/rooms/{room_id}/ws", room_endpoint),
-        Mount("/client", app=StaticFiles(directory=CLIENT_DIR, check_dir=False), name="client"),
     ]
+    if CLIENT_DIR is not None:
+        routes.append(Mount("/client", app=StaticFiles(directory=CLIENT_DIR), name="client"))
+    else:
+        log.warning("the browser client is not installed (app/client_files.py): /client/ answers 404")
     # TransportTap outermost: it must see uvicorn's own send (app/transport.py). Cors answers
     # preflights before any route sees them; WebSockets keep admission's own Origin check.
     return Starlette(routes=routes, lifespan=lifespan,
