@@ -87,16 +87,25 @@ def _run_gateway(settings: Settings) -> None:
 async def _worker_main(settings: Settings) -> None:
     from voxroom import redis_client
     from workers.launch import build_worker
+    from workers.stopping import in_daemon_thread, unless_stopped
 
+    # Signals first: a stop ends every state, waiting for Redis included (workers/stopping.py).
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stopping.set)
     url = settings.redis_url or "redis://127.0.0.1:6379/0"
-    redis = redis_client.from_url(url, decode_responses=True)
     # Asked once, at start (docs/cluster.md): on a cluster the jobs come from the shards. A Redis
     # that cannot be asked now counts as one instance, as it always did.
-    cluster = await asyncio.to_thread(redis_client.cluster_enabled, url)
+    asked, cluster = await unless_stopped(in_daemon_thread(redis_client.cluster_enabled, url), stopping)
+    if not asked:
+        return
+    redis = redis_client.from_url(url, decode_responses=True)
     worker = build_worker(settings, redis, cluster_url=url if cluster else None)
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, worker.stop)
+    if stopping.is_set():
+        worker.stop()
     try:
         await worker.run()
     finally:
@@ -114,8 +123,11 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     settings = _settings(args)
     _logging(settings)
+    from workers.stopping import leave_now
+
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         runner.run(_worker_main(settings))
+    leave_now(0)  # an engine still loading on its thread must not hold the exit
     return 0
 
 

@@ -59,6 +59,7 @@ from workers.metrics import observe_utterance, stage_seconds, worker_registry
 from workers.metrics_http import MetricsServer
 from workers.pool import ContextPool
 from workers.publisher import PublishResult, publish_utterance
+from workers.stopping import unless_stopped
 
 log = logging.getLogger("voxroom.worker")
 HEARTBEAT_S = 2.0
@@ -137,7 +138,7 @@ class Worker:
             if self.metrics is not None:
                 await self.metrics.aclose()
 
-    async def _run(self) -> None:
+    async def _start(self) -> None:
         await self._ensure_group_patiently()
         for ctx in self.pool.contexts:
             await ctx.load_engines(self.optional_engines)
@@ -145,6 +146,14 @@ class Worker:
         freeze_startup_objects()
         log.info("worker %s ready: %d contexts (%s), engines %s", self.id, len(self.pool.contexts),
                  ", ".join(c.device for c in self.pool.contexts), sorted(self.pool.engine_names()))
+
+    async def _run(self) -> None:
+        # A stop during start-up (waiting for Redis, loading engines) ends it at once (workers/stopping.py).
+        started, _ = await unless_stopped(self._start(), self._stopping)
+        if not started:
+            log.info("worker %s stopped before it was ready", self.id)
+            await self._close()
+            return
         for ctx in self.pool.contexts:
             self.supervisor.spawn(f"context:{ctx.name}", functools.partial(ctx.run, self._on_started))
         self.supervisor.spawn("heartbeat", self._heartbeat)
@@ -164,12 +173,15 @@ class Worker:
                 await (self.bus.cluster or self.bus.auto).call("DEL", self.watcher.wake_key)
             except REDIS_DOWN:
                 pass
-            await self.watcher.aclose()
-            self.pool.close()
-            if self.cache is not None:
-                await self.cache.aclose()
-            await self.bus.close()
+            await self._close()
             log.info("worker %s stopped", self.id)
+
+    async def _close(self) -> None:
+        await self.watcher.aclose()
+        self.pool.close()
+        if self.cache is not None:
+            await self.cache.aclose()
+        await self.bus.close()
 
     async def _ensure_group_patiently(self) -> None:
         backoff = Backoff()
