@@ -24,17 +24,22 @@ from voxroom.settings import Settings
 log = logging.getLogger("voxroom.cli")
 
 
+FLAGS = {"host": "--host", "port": "--port", "engine": "--engine", "cpu_contexts": "--contexts",
+         "redis_url": "--redis-url", "chattts_dir": "--chattts-dir", "voices_path": "--voices",
+         "worker_metrics_port": "--metrics-port"}
+"""Settings a flag may give (field -> flag): a bad value is reported as the flag the operator typed."""
+
+
 def _settings(args: argparse.Namespace) -> Settings:
     settings = Settings.from_env()
     changes: dict[str, Any] = {}
-    for name in ("host", "port", "engine", "cpu_contexts", "redis_url", "chattts_dir", "voices_path",
-                 "worker_metrics_port"):
+    for name in FLAGS:
         value = getattr(args, name, None)
         if value is not None:
             changes[name] = value
     if getattr(args, "insecure_dev", False):
         changes["insecure_dev"] = True
-    return replace(settings, **changes).check()
+    return replace(settings, **changes).check({name: FLAGS[name] for name in changes if name in FLAGS})
 
 
 def _logging(settings: Settings) -> None:
@@ -51,13 +56,15 @@ def _banner(settings: Settings, text: str) -> None:
         print(text, flush=True)
 
 
-def _run_gateway(settings: Settings) -> None:
+def _run_gateway(settings: Settings, banner: str) -> None:
     import uvicorn
 
     from app.handshake import deadline_protocol
     from app.main import create_app
 
-    config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
+    app = create_app(settings)  # a missing secret stops here, before the banner says "serving"
+    _banner(settings, banner)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port,
                             # uvicorn has no deadline on request headers of its own (slowloris).
                             http=deadline_protocol(settings.handshake_timeout_s),
                             log_level=settings.log_level.lower(), ws_max_size=64 * 1024,
@@ -115,8 +122,7 @@ async def _worker_main(settings: Settings) -> None:
 def cmd_gateway(args: argparse.Namespace) -> int:
     settings = _settings(args)
     _logging(settings)
-    _banner(settings, f"voxroom gateway on http://{settings.host}:{settings.port}/")
-    _run_gateway(settings)
+    _run_gateway(settings, f"voxroom gateway on http://{settings.host}:{settings.port}/")
     return 0
 
 
@@ -144,10 +150,15 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Redis (unless REDIS_URL), one worker process, and the gateway in this process."""
+    from voxroom import serve_discovery
     from voxroom.redis_server import RedisServer
 
     settings = _settings(args)
     _logging(settings)
+    if not settings.insecure_dev:  # refuse before Redis and the worker start, not after
+        from app.main import check_auth_settings
+
+        check_auth_settings(settings)
     redis_server: RedisServer | None = None
     worker: subprocess.Popen[bytes] | None = None
     try:
@@ -156,6 +167,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
             settings = replace(settings, redis_url=redis_server.url)
             log.info("started redis-server %s on %s (in memory only: nothing survives a restart)",
                      redis_server.executable, redis_server.url)
+            # What the README's tour types next: redis-cli on this port, and `voxroom rooms`,
+            # which finds this Redis while this serve runs (voxroom/serve_discovery.py).
+            serve_discovery.publish(redis_server.url)
+            _banner(settings, f"redis: {redis_server.url}  (look inside: redis-cli -p {redis_server.port} "
+                              "XRANGE 'vx:room:{village}:utt' - +  ; voxroom rooms finds it)")
         env = dict(os.environ, REDIS_URL=settings.redis_url or "", VOXROOM_ENGINE=settings.engine,
                    VOXROOM_CPU_CONTEXTS=str(settings.cpu_contexts), VOXROOM_LOG_LEVEL=settings.log_level)
         if settings.chattts_dir:
@@ -163,9 +179,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if settings.voices_path:
             env["VOXROOM_VOICES_PATH"] = settings.voices_path
         worker = subprocess.Popen([sys.executable, "-m", "voxroom", "worker"], env=env)
-        _banner(settings, f"voxroom serving on http://{settings.host}:{settings.port}/  (Ctrl-C stops it)")
-        _run_gateway(settings)
+        _run_gateway(settings, f"voxroom serving on http://{settings.host}:{settings.port}/  (Ctrl-C stops it)")
     finally:
+        if redis_server is not None:
+            serve_discovery.withdraw()
         if worker is not None and worker.poll() is None:
             worker.send_signal(signal.SIGTERM)
             try:

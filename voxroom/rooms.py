@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -333,12 +334,29 @@ def render_room(summary: RoomSummary, utterances: Sequence[dict[str, str]], pend
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 
 
+def _url(settings: Settings, *, say: bool = False) -> str:
+    """``REDIS_URL``; unset, the Redis of a ``voxroom serve`` running here (said on stderr when
+    ``say``), else the default (voxroom/serve_discovery.py)."""
+    if settings.redis_url:
+        return settings.redis_url
+    from voxroom.serve_discovery import running_serve
+
+    found = running_serve()
+    if found is None:
+        return DEFAULT_URL
+    pid, url = found
+    if say:
+        print(f"voxroom: REDIS_URL is not set: reading the Redis of voxroom serve (pid {pid}) at "
+              f"{_without_secrets(url)}", file=sys.stderr)
+    return url
+
+
 def _redis(settings: Settings) -> Client:
     """A cluster client when ``REDIS_URL`` names a cluster node (``INFO cluster``): it discovers
     the other nodes and routes each read to the node of its key."""
     from voxroom.redis_client import cluster_enabled
 
-    url = settings.redis_url or DEFAULT_URL
+    url = _url(settings, say=True)
     if cluster_enabled(url):
         return RedisCluster.from_url(url, socket_timeout=5)
     return Redis.from_url(url, socket_timeout=5)
@@ -358,7 +376,7 @@ def _answering(settings: Settings) -> Iterator[None]:
     try:
         yield
     except REDIS_DOWN as exc:
-        where = _without_secrets(settings.redis_url or DEFAULT_URL)
+        where = _without_secrets(_url(settings))
         raise VoxroomError(f"Redis at {where} cannot answer: {exc}") from None
 
 
