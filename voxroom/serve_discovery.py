@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import tempfile
 from pathlib import Path
+
+log = logging.getLogger("voxroom.cli")
 
 
 def path() -> Path:
@@ -27,13 +30,18 @@ def path() -> Path:
 
 
 def publish(redis_url: str) -> None:
-    """Say where this process's Redis is (mode 0600: the URL may carry a password)."""
+    """Say where this process's Redis is (mode 0600: the URL may carry a password). A directory
+    that cannot be written costs only the discovery: one warning, and serve goes on."""
     target = path()
     tmp = target.with_suffix(f".{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        json.dump({"pid": os.getpid(), "redis_url": redis_url}, out)
-    os.replace(tmp, target)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            json.dump({"pid": os.getpid(), "redis_url": redis_url}, out)
+        os.replace(tmp, target)
+    except OSError as exc:
+        log.warning("cannot write %s (%s): voxroom rooms will not find this serve's Redis without REDIS_URL",
+                    target, exc)
 
 
 def withdraw() -> None:
