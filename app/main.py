@@ -13,7 +13,6 @@ import logging
 import os
 import uuid
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -25,6 +24,7 @@ from starlette.staticfiles import StaticFiles
 from app.api import speech_api, voices_api
 from app.api.cors import Cors
 from app.api.metrics import metrics_endpoint
+from app.client_files import client_dir
 from app.fanout.hub import RoomHub
 from app.fanout.transport import TransportTap
 from app.ingress.directory import WorkerDirectory
@@ -44,7 +44,7 @@ from voxroom.wire import tokens
 from voxroom.wire.protocol import CloseCode
 
 log = logging.getLogger("voxroom.gateway")
-CLIENT_DIR = Path(__file__).resolve().parent.parent / "client_js"
+CLIENT_DIR = client_dir()  # None: no client installed (app/client_files.py)
 
 
 async def healthz(request: Request) -> Response:
@@ -71,8 +71,8 @@ async def readyz(request: Request) -> Response:
 
 
 async def index(request: Request) -> Response:
-    page = CLIENT_DIR / "demo" / "index.html"
-    if not page.exists():
+    page = CLIENT_DIR / "demo" / "index.html" if CLIENT_DIR is not None else None
+    if page is None or not page.exists():
         return JSONResponse({"service": "voxroom", "websocket": "/rooms/{room_id}/ws"})
     return FileResponse(page)
 
@@ -158,8 +158,11 @@ def create_app(settings: Settings, *, catalog: Catalog | None = None) -> Starlet
         *voices_api.routes(),
         *speech_api.routes(settings),
         WebSocketRoute("/rooms/{room_id}/ws", room_endpoint),
-        Mount("/client", app=StaticFiles(directory=CLIENT_DIR, check_dir=False), name="client"),
     ]
+    if CLIENT_DIR is not None:
+        routes.append(Mount("/client", app=StaticFiles(directory=CLIENT_DIR), name="client"))
+    else:
+        log.warning("the browser client is not installed (app/client_files.py): /client/ answers 404")
     # TransportTap outermost: it must see uvicorn's own send (app/fanout/transport.py). Cors answers
     # preflights before any route sees them; WebSockets keep admission's own Origin check.
     return Starlette(routes=routes, lifespan=lifespan,

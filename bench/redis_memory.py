@@ -39,7 +39,8 @@ from voxroom.store.server import RedisServer  # noqa: E402
 
 ROOM_KEYS = ("seq", "state", "senders", "utt", "out")
 CHARS_PER_SECOND = 14.0  # the synthetic engine's speaking rate (workers/engines/synthetic.py)
-SLICE_S = 0.040  # one output entry of audio (voxroom/wire/protocol.py)
+SLICE_S = 0.040  # one slice of audio (voxroom/wire/protocol.py); a chunk entry holds one or several
+PCM_BYTES_PER_S = 24_000 * 2  # the room rate, 16-bit mono
 
 
 def line_of(chars: int, i: int) -> str:
@@ -87,6 +88,21 @@ async def silent(port: int, rooms: list[str], codec: str, joined: asyncio.Event,
             await client.__aexit__(None, None, None)
 
 
+async def stream_audio(raw: Redis, room: str) -> tuple[int, int, int]:
+    """What a room's output stream holds (``raw``: a client without decoding, the frames are
+    binary): slices, counted in its chunk entries, which hold one or several (``slices``;
+    voxroom/wire/output_entries.py), the bytes of their frames, and of their Opus copies."""
+    entries: Any = await raw.xrange(keys.room_output(room))
+    slices = frame_bytes = opus_bytes = 0
+    for _, fields in entries:
+        if fields.get(b"kind") != b"chunk":
+            continue
+        slices += int(fields.get(b"slices", 1))
+        frame_bytes += sum(len(v) for k, v in fields.items() if k.startswith(b"frame"))
+        opus_bytes += sum(len(v) for k, v in fields.items() if k.startswith(b"opus"))
+    return slices, frame_bytes, opus_bytes
+
+
 async def sample_peak(r: Redis, stop: asyncio.Event, peak: list[int]) -> None:
     while not stop.is_set():
         peak[0] = max(peak[0], await used_memory(r))
@@ -129,9 +145,16 @@ async def measure(url: str, port: int, args: argparse.Namespace) -> dict[str, An
         jobs = int(await r.xlen(keys.JOBS))
         jobs_bytes = int(await r.memory_usage(keys.JOBS, samples=0) or 0)
         out_entries = statistics.mean([int(await r.xlen(keys.room_output(room))) for room in rooms])
-        # Audio still in the output stream: its entries but each line's start and end (a room
-        # that spoke longer than the resume window has had its oldest audio trimmed away).
-        in_stream_s = max(0.0, out_entries - 2 * args.lines) * SLICE_S
+        # Audio still in the output stream (a room that spoke longer than the resume window has had
+        # its oldest audio trimmed away), by its slices: counting entries took a pair for one.
+        raw = Redis.from_url(url)
+        try:
+            held = [await stream_audio(raw, room) for room in rooms]
+        finally:
+            await raw.aclose()
+        in_stream_s = statistics.mean(h[0] for h in held) * SLICE_S
+        frame_bytes = statistics.mean(h[1] for h in held)
+        opus_bytes = statistics.mean(h[2] for h in held)
         expired: int | None = None
         if args.ttl:
             deadline = time.monotonic() + args.ttl + 60
@@ -144,6 +167,7 @@ async def measure(url: str, port: int, args: argparse.Namespace) -> dict[str, An
         return {"base": base, "peak": peak[0], "idle": idle, "expired": expired, "per_key": per_key,
                 "audio_s": statistics.mean(a for a, _ in spoken), "spoke_s": spoke_s, "jobs": jobs,
                 "jobs_bytes": jobs_bytes, "out_entries": out_entries, "in_stream_s": in_stream_s,
+                "frame_bytes": frame_bytes, "opus_bytes": opus_bytes,
                 "silent": silent_bytes}
     finally:
         await r.aclose()
@@ -167,6 +191,11 @@ def report(m: dict[str, Any], args: argparse.Namespace) -> None:
     for name in ROOM_KEYS:
         print(f"| `:{name}` | {mean[name]:,.0f} | {notes[name]} |")
     print(f"| all but `:out` | {fixed:,.0f} | a room's fixed cost |")
+    pcm = m["in_stream_s"] * PCM_BYTES_PER_S
+    held = m["frame_bytes"] + m["opus_bytes"]
+    print(f"| `:out` against what it holds | {mean['out'] / max(1.0, pcm):.3f}x the PCM | "
+          f"{pcm / kib:,.0f} KiB of PCM; {mean['out'] / max(1.0, held):.3f}x its frames and Opus copies "
+          f"({m['frame_bytes'] / kib:,.0f} + {m['opus_bytes'] / kib:,.0f} KiB) |")
     print(f"| `vx:jobs` entry | {m['jobs_bytes'] / max(1, m['jobs']):,.0f} | per accepted line (mean over "
           f"{m['jobs']}), until `VOXROOM_JOBS_MAXLEN` trims it: not a room's |")
     print()

@@ -322,6 +322,7 @@ export class VoxroomClient extends EventTarget {
         return;
       }
       case 'start':
+        if (this.position.holds('start', msg.utterance, msg.restart === true)) return; // an older gateway's resend
         this.position.start(msg.utterance);
         // A second take (its worker died): the first take's words will not be heard.
         if (msg.restart) this.player.dropMarks(msg.utterance);
@@ -330,6 +331,7 @@ export class VoxroomClient extends EventTarget {
         this.#emit('start', { ...msg, own: this.#ours.has(msg.utterance) });
         return;
       case 'end':
+        if (this.position.holds('end', msg.utterance)) return; // an older gateway's resend
         this.position.end(msg.utterance);
         this.player.markEnd(msg.utterance, msg.chunks);
         this.#emit('end', { ...msg, own: this.#ours.has(msg.utterance) });

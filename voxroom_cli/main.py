@@ -24,17 +24,22 @@ from voxroom.runtime.settings import Settings
 log = logging.getLogger("voxroom_cli.main")
 
 
+FLAGS = {"host": "--host", "port": "--port", "engine": "--engine", "cpu_contexts": "--contexts",
+         "redis_url": "--redis-url", "chattts_dir": "--chattts-dir", "voices_path": "--voices",
+         "worker_metrics_port": "--metrics-port"}
+"""Settings a flag may give (field -> flag): a bad value is reported as the flag the operator typed."""
+
+
 def _settings(args: argparse.Namespace) -> Settings:
     settings = Settings.from_env()
     changes: dict[str, Any] = {}
-    for name in ("host", "port", "engine", "cpu_contexts", "redis_url", "chattts_dir", "voices_path",
-                 "worker_metrics_port"):
+    for name in FLAGS:
         value = getattr(args, name, None)
         if value is not None:
             changes[name] = value
     if getattr(args, "insecure_dev", False):
         changes["insecure_dev"] = True
-    return replace(settings, **changes).check()
+    return replace(settings, **changes).check({name: FLAGS[name] for name in changes if name in FLAGS})
 
 
 def _logging(settings: Settings) -> None:
@@ -51,13 +56,15 @@ def _banner(settings: Settings, text: str) -> None:
         print(text, flush=True)
 
 
-def _run_gateway(settings: Settings) -> None:
+def _run_gateway(settings: Settings, banner: str) -> None:
     import uvicorn
 
     from app.main import create_app
     from app.room.handshake import deadline_protocol
 
-    config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
+    app = create_app(settings)  # a missing secret stops here, before the banner says "serving"
+    _banner(settings, banner)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port,
                             # uvicorn has no deadline on request headers of its own (slowloris).
                             http=deadline_protocol(settings.handshake_timeout_s),
                             log_level=settings.log_level.lower(), ws_max_size=64 * 1024,
@@ -87,12 +94,22 @@ def _run_gateway(settings: Settings) -> None:
 async def _worker_main(settings: Settings) -> None:
     from voxroom.store.opening import open_store
     from workers.launch import build_worker
+    from workers.intake.stopping import unless_stopped
 
-    store = await open_store(settings.redis_url, job_shards=settings.job_shards)
-    worker = build_worker(settings, store)
+    # Signals first: a stop ends every state, waiting for Redis included (workers/intake/stopping.py).
     loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stopping.set)
+    # Opening the store asks Redis once whether it is a cluster: a stop cuts that short too.
+    opened, store = await unless_stopped(open_store(settings.redis_url, job_shards=settings.job_shards), stopping)
+    if not opened or store is None:
+        return
+    worker = build_worker(settings, store)
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, worker.stop)
+    if stopping.is_set():
+        worker.stop()
     try:
         await worker.run()
     finally:
@@ -102,16 +119,18 @@ async def _worker_main(settings: Settings) -> None:
 def cmd_gateway(args: argparse.Namespace) -> int:
     settings = _settings(args)
     _logging(settings)
-    _banner(settings, f"voxroom gateway on http://{settings.host}:{settings.port}/")
-    _run_gateway(settings)
+    _run_gateway(settings, f"voxroom gateway on http://{settings.host}:{settings.port}/")
     return 0
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
     settings = _settings(args)
     _logging(settings)
+    from workers.intake.stopping import leave_now
+
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         runner.run(_worker_main(settings))
+    leave_now(0)  # an engine still loading on its thread must not hold the exit
     return 0
 
 
@@ -129,9 +148,14 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 def cmd_serve(args: argparse.Namespace) -> int:
     """Redis (unless REDIS_URL), one worker process, and the gateway in this process."""
     from voxroom.store.server import RedisServer
+    from voxroom_cli import serve_discovery
 
     settings = _settings(args)
     _logging(settings)
+    if not settings.insecure_dev:  # refuse before Redis and the worker start, not after
+        from app.main import check_auth_settings
+
+        check_auth_settings(settings)
     redis_server: RedisServer | None = None
     worker: subprocess.Popen[bytes] | None = None
     try:
@@ -140,6 +164,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
             settings = replace(settings, redis_url=redis_server.url)
             log.info("started redis-server %s on %s (in memory only: nothing survives a restart)",
                      redis_server.executable, redis_server.url)
+            # What the README's tour types next: redis-cli on this port, and `voxroom rooms`,
+            # which finds this Redis while this serve runs (voxroom_cli/serve_discovery.py).
+            serve_discovery.publish(redis_server.url)
+            _banner(settings, f"redis: {redis_server.url}  (look inside: redis-cli -p {redis_server.port} "
+                              "XRANGE 'vx:room:{village}:utt' - +  ; voxroom rooms finds it)")
         env = dict(os.environ, REDIS_URL=settings.redis_url or "", VOXROOM_ENGINE=settings.engine,
                    VOXROOM_CPU_CONTEXTS=str(settings.cpu_contexts), VOXROOM_LOG_LEVEL=settings.log_level)
         if settings.chattts_dir:
@@ -147,9 +176,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if settings.voices_path:
             env["VOXROOM_VOICES_PATH"] = settings.voices_path
         worker = subprocess.Popen([sys.executable, "-m", "voxroom_cli", "worker"], env=env)
-        _banner(settings, f"voxroom serving on http://{settings.host}:{settings.port}/  (Ctrl-C stops it)")
-        _run_gateway(settings)
+        _run_gateway(settings, f"voxroom serving on http://{settings.host}:{settings.port}/  (Ctrl-C stops it)")
     finally:
+        if redis_server is not None:
+            serve_discovery.withdraw()
         if worker is not None and worker.poll() is None:
             worker.send_signal(signal.SIGTERM)
             try:

@@ -36,14 +36,17 @@ def fields(flat: list[Any] | None) -> dict[Any, Any]:
 
 def entry_items(entry: dict[bytes, bytes], codec: int, skip: int = 0) -> list[str | bytes]:
     """What a client with ``codec`` gets for one entry: one binary frame per slice of a ``chunk``
-    entry (after the first ``skip``: slices it already holds), or a control message's JSON. A
-    malformed entry is logged and gives nothing."""
+    entry, or a control message's JSON; minus the first ``skip`` items, which it already holds (a
+    control entry is one item: ``skip=1`` gives nothing). A malformed entry is logged and gives
+    nothing."""
     if b"frame" in entry:
         try:
             return list(slice_frames(entry, opus=codec == CODEC_OPUS, skip=skip))
         except ValueError as exc:
             log.warning("skipping an output entry: %s", exc)
             return []
+    if skip > 0:
+        return []
     text = control_message(entry)
     return [] if text is None else [text]
 

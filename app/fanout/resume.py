@@ -74,9 +74,10 @@ def stop_here(point: ResumePoint, fields: dict[Any, Any]) -> bool:
 
 
 def held_slices(point: ResumePoint, fields: dict[Any, Any]) -> int:
-    """How many of the position's slices the client holds, for the entry :func:`stop_here` stopped
-    at: all of them except in a ``chunk`` entry that groups several slices and where the client
-    named one before the last (it holds the group's first ones; the rest are news to it)."""
+    """How many of the position's items the client holds, for the entry :func:`stop_here` stopped
+    at: all of them (a ``start``, ``end`` or ``marks`` entry is one item: the client has it, and
+    is never sent it again) except in a ``chunk`` entry that groups several slices and where the
+    client named one before the last (it holds the group's first ones; the rest are news to it)."""
     if fields.get(b"kind") != b"chunk" or int(fields.get(b"seq", b"0")) != point.utterance or point.has_end:
         return _slices(fields)
     return min(_slices(fields), max(0, point.chunk - int(fields.get(b"chunk", b"-1")) + 1))

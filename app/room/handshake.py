@@ -6,6 +6,14 @@ a timer starts when the connection opens (and when a later request on it begins)
 when the request's headers are complete; when it fires first, the connection is closed. A
 WebSocket upgrade is an HTTP request until its headers are complete, so it is covered too; what
 follows the headers (a body, the WebSocket itself) has limits of its own.
+
+An upgrade request whose headers are complete can still be one that websockets refuses inside its
+parser: a request line or a header line over 8 KiB (414, 431), more than 128 headers (431), a
+body. websockets puts its answer in its outgoing buffer, and uvicorn's sans-I/O adapter writes that
+buffer only after a request it could parse: the answer was never sent and the socket never closed
+(300 of 300 such sockets held, outside the per-address cap and the connection gauge). Here the
+answer is written and the connection closed at once, and every refusal is counted in
+``voxroom_handshakes_refused_total{reason}``, header deadlines included.
 """
 
 from __future__ import annotations
@@ -14,7 +22,43 @@ import asyncio
 import logging
 from typing import Any
 
+from voxroom.metrics import HANDSHAKES_REFUSED
+
 log = logging.getLogger("voxroom.gateway.handshake")
+
+_BAD_REQUEST_BODY = b"not a WebSocket upgrade request this server takes\n"
+_BAD_REQUEST = (b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\n"
+                b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(_BAD_REQUEST_BODY), _BAD_REQUEST_BODY))
+
+
+def _refusal_reason(exc: BaseException) -> str:
+    """The ``reason`` label for what websockets' request parser raised."""
+    try:
+        from websockets.exceptions import HeaderLineTooLong, RequestLineTooLong, TooManyHeaders
+    except ImportError:
+        return "bad_request"
+    if isinstance(exc, RequestLineTooLong):
+        return "uri_too_long"
+    if isinstance(exc, HeaderLineTooLong | TooManyHeaders):
+        return "headers_too_large"
+    return "bad_request"
+
+
+def answer_refused_upgrade(transport: Any) -> str | None:
+    """After uvicorn handed ``transport`` to its WebSocket protocol: when websockets refused the
+    request while parsing it, write its answer (414, 431; a 400 where it has none) and close.
+    Returns the refusal's reason, or None when the request was taken (or answered already)."""
+    conn = getattr(transport.get_protocol(), "conn", None)  # websockets' ServerProtocol (sans-I/O)
+    exc = getattr(conn, "handshake_exc", None)
+    if conn is None or exc is None or transport.is_closing():
+        return None
+    answer = b"".join(conn.data_to_send())  # websockets ends it with b"" (its EOF mark): harmless
+    reason = _refusal_reason(exc)
+    # close, not abort: the answer is a few hundred bytes, the kernel takes it at once.
+    transport.write(answer if answer.strip() else _BAD_REQUEST)
+    transport.close()
+    HANDSHAKES_REFUSED.labels(reason).inc()
+    return reason
 
 
 def deadline_protocol(timeout_s: float) -> type[asyncio.Protocol] | str:
@@ -43,6 +87,13 @@ def deadline_protocol(timeout_s: float) -> type[asyncio.Protocol] | str:
             self._disarm()
             super().on_headers_complete()
 
+        def handle_websocket_upgrade(self) -> None:
+            transport = self.transport
+            super().handle_websocket_upgrade()
+            reason = answer_refused_upgrade(transport)
+            if reason is not None:
+                log.debug("refused a WebSocket upgrade from %s: %s", self.client, reason)
+
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
             super().connection_lost(exc)
@@ -59,6 +110,7 @@ def deadline_protocol(timeout_s: float) -> type[asyncio.Protocol] | str:
             self._deadline = None
             if not self.transport.is_closing():
                 log.debug("closing %s: request headers not complete within %.1f s", self.client, timeout_s)
+                HANDSHAKES_REFUSED.labels("headers_timeout").inc()
                 # abort, not close: nothing useful is queued for a client this slow, and a close
                 # would wait for it to read.
                 self.transport.abort()

@@ -6,6 +6,7 @@ passes), never milliseconds."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +55,10 @@ class Script:
     def admit(self, timeout: float | None) -> list[tuple[Hashable, SynthesisRequest, threading.Event]] | None:
         if not self.joins and len(self.done) == len(self.joined_at):
             return None
+        if timeout is not None and timeout > 0:
+            # Nothing runs and a row waits for companions (continuous.py): time passes, no turn.
+            time.sleep(timeout)
+            return []
         if timeout is None and self.joins:  # nothing running: jump to the next scripted turn
             self.turn = max(self.turn, min(self.joins))
         rows = self.joins.pop(self.turn, [])
@@ -134,12 +139,63 @@ def test_a_row_joining_mid_batch_equals_its_solo_run(cont: ChatTTSEngine) -> Non
 
 def test_a_late_row_speaks_within_a_few_steps_of_joining(cont: ChatTTSEngine) -> None:
     """Its first chunk needs the GPT passes its first chunk needs alone (16: its prefill and 15
-    decode steps), not the end of the batch it joined (80 steps for ONE and THREE)."""
+    decode steps) and the one step it waits for companions (a line handed over a moment after it
+    joins with it), not the end of the batch it joined (80 steps for ONE and THREE)."""
     s = Script(cont, {0: [("one", ONE), ("three", THREE)], 20: [("late", LONG)]}).run()
     waited = s.chunk_steps["late"][0] - s.joined_at["late"]
-    assert waited == FIRST_CHUNK_STEPS, waited  # its prefill and 15 decode steps: as alone
+    assert waited == 1 + FIRST_CHUNK_STEPS, waited  # a step for companions, then as alone
     # ... while the rows it joined were still mid-way: they spoke on after it did
     assert s.chunk_steps["one"][-1] > s.chunk_steps["late"][0]
+
+
+def test_lines_handed_over_a_moment_apart_to_an_idle_engine_start_in_the_same_step(cont: ChatTTSEngine) -> None:
+    """Issue 28.12: the serving thread took the line that had landed in its inbox and prefilled it
+    alone; the lines handed over a moment later joined after it (one line's first audio at 2.16 s,
+    the others' at 4.96 s). Here the second line comes at the engine's very next ``admit``, before
+    the first has run a step: both join in one prefill and speak from the same step, each its solo
+    run."""
+    done: dict[Hashable, int] = {}
+    first: dict[Hashable, int] = {}
+    calls: list[float | None] = []
+
+    def admit(timeout: float | None) -> list[tuple[Hashable, SynthesisRequest, threading.Event]] | None:
+        calls.append(timeout)
+        if len(calls) == 1:
+            return [("a", ONE, never())]
+        if len(calls) == 2:
+            return [("b", THREE, never())]
+        if len(done) == 2:
+            return None
+        if timeout is not None and timeout > 0:
+            time.sleep(timeout)
+        return []
+
+    chunks: dict[Hashable, list[np.ndarray]] = {}
+    for key, pcm in cont.stream_continuous(admit):
+        if pcm is None:
+            done[key] = done.get(key, 0) + 1
+            continue
+        assert isinstance(pcm, np.ndarray)
+        assert cont.batcher is not None
+        first.setdefault(key, cont.batcher.steps)
+        chunks.setdefault(key, []).append(pcm)
+    assert done == {"a": 1, "b": 1}
+    assert first["a"] == first["b"], first
+    for key, req in (("a", ONE), ("b", THREE)):
+        assert_same(np.concatenate(chunks[key]), solo(cont, req))
+
+
+def test_lines_admitted_a_turn_apart_into_a_running_batch_start_in_the_same_step(cont: ChatTTSEngine) -> None:
+    """While LONG runs, one line is admitted at turn 10 and another at turn 11, a step apart: both
+    join at turn 11 and speak from the same step; a line alone (turn 30) joins one turn after its
+    admission. Every row is its solo run."""
+    short = request("Hi.", "a")
+    s = Script(cont, {0: [("long", LONG)], 10: [("one", ONE)], 11: [("three", THREE)], 30: [("short", short)]}).run()
+    assert s.done == {"long": 1, "one": 1, "three": 1, "short": 1}
+    assert s.chunk_steps["one"][0] == s.chunk_steps["three"][0], (s.chunk_steps["one"][0], s.chunk_steps["three"][0])
+    assert s.chunk_steps["short"][0] - s.joined_at["short"] == 1 + FIRST_CHUNK_STEPS
+    for key, req in (("long", LONG), ("one", ONE), ("three", THREE), ("short", short)):
+        assert_same(s.audio(key), solo(cont, req))
 
 
 def test_cancel_mid_batch_stops_that_row_and_leaves_the_others_unchanged(cont: ChatTTSEngine) -> None:

@@ -94,8 +94,9 @@ def running_nginx(prefix: Path, gateways: list[int]) -> Iterator[int]:
     check = subprocess.run([*base, "-t"], capture_output=True, text=True, timeout=10)
     assert check.returncode == 0, check.stderr
     stderr = prefix / "stderr.log"  # nginx.conf logs errors to stderr, as a container should
-    with open(stderr, "wb") as sink:
-        proc = subprocess.Popen(base, stdout=subprocess.DEVNULL, stderr=sink)
+    # and its access log to stdout: prefix/stdout.log is the shipped access log, as `docker logs` shows it.
+    with open(stderr, "wb") as sink, open(prefix / "stdout.log", "wb") as out:
+        proc = subprocess.Popen(base, stdout=out, stderr=sink)
     try:
         deadline = time.monotonic() + 10
         while True:

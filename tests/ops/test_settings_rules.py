@@ -71,7 +71,7 @@ def test_every_bad_value_is_named_at_once_and_good_edges_pass() -> None:
 @pytest.mark.parametrize(("command", "env", "says"), [
     (["gateway"], {"VOXROOM_SEND_QUEUE_SLICES": "0", "VOXROOM_SAY_RATE": "nan"},
      "VOXROOM_SEND_QUEUE_SLICES=0 must be at least 1; VOXROOM_SAY_RATE=nan must be"),
-    (["gateway", "--port", "70000"], {}, "VOXROOM_PORT=70000 must be from 0 to 65535"),
+    (["gateway", "--port", "70000"], {}, "--port 70000 must be from 0 to 65535"),  # the flag typed, issue 28
     (["worker"], {"VOXROOM_LEAD_MS": "0"}, "VOXROOM_LEAD_MS=0 must be at least 40"),
     (["rooms"], {"VOXROOM_LOG_LEVEL": "LOUD"}, "VOXROOM_LOG_LEVEL='LOUD' must be one of"),
 ])

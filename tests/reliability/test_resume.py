@@ -204,3 +204,32 @@ async def test_the_resume_message_is_honoured_only_where_it_reorders_nothing_and
         await returning.wait_ends(1, timeout=30)
         assert [f.chunk for f in returning.got.frames] == list(range(5, whole))
         assert returning.got.of("error") == []
+
+
+async def test_resuming_at_an_entry_never_sends_that_entry_again(stack: Stack, room: str) -> None:
+    """``U.end`` got ``end`` U again, ``U.start`` got ``start`` U again, and a position past the
+    newest entry got the room's last ``end`` again (issue 28.6). Each resume here is followed by a
+    live line: the replay comes before it, so once its ``end`` is in, the replay is complete."""
+    async with RoomClient(stack.port, room, client="speaker") as speaker:
+        await speaker.say("One short line to resume after.", voice="en-espeak")
+        first = (await speaker.wait_ends(1, timeout=60))[0]["utterance"]
+        whole = len(speaker.got.frames_of(first))
+        assert whole > 2
+        # point -> the slices of the first line the client lacks (then its end), or None: it holds all
+        cases: dict[str, list[int] | None] = {f"{first}.end": None, f"{first + 50}.end": None,
+                                              f"{first}.start": list(range(whole)), f"{first}.1": list(range(2, whole))}
+        for n, (point, slices_left) in enumerate(cases.items(), start=2):
+            async with RoomClient(stack.port, room, resume=point) as again:
+                await speaker.say(f"Live line number {n}.", voice="en-espeak")
+                live = (await speaker.wait_ends(n, timeout=60))[-1]["utterance"]
+                await again.wait_for(lambda g, live=live: any(e["utterance"] == live for e in g.ends()), 60)
+            events = room_events(again.got)
+            of_first = ["frame" if isinstance(e, AudioFrame) else e["type"] for e in events
+                        if (e.seq if isinstance(e, AudioFrame) else e["utterance"]) == first]
+            expected = [] if slices_left is None else ["frame"] * len(slices_left) + ["end"]
+            assert of_first == expected, f"?resume={point}: got {of_first} of utterance {first}"
+            assert [f.chunk for f in again.got.frames_of(first)] == (slices_left or []), point
+            if point == f"{first + 50}.end":  # ahead of the whole stream: it holds all of it
+                assert {e["utterance"] for e in again.got.of("start") + again.got.ends()} == {live}, point
+            # and the rest, replay then live, each entry once and in order
+            assert check_in_order(events).get(live) == len(speaker.got.frames_of(live)), point

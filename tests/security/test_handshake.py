@@ -107,3 +107,87 @@ def test_the_deadline_covers_each_request_s_headers_not_the_connection_s_life(ga
         # A later request on the same connection that never finishes its headers is cut too.
         sock.sendall(b"GET /heal")
         assert _closed_by_server([sock], timeout=60.0) == 1
+
+
+UPGRADE = ("Host: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+           "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n")
+OVERSIZED = 300
+
+
+def _refused_total(port: int, reason: str) -> float:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    line = f'voxroom_handshakes_refused_total{{reason="{reason}"}} '
+    return sum(float(row[len(line):]) for row in text.splitlines() if row.startswith(line))
+
+
+def _answers(socks: list[socket.socket], timeout: float) -> list[bytes]:
+    """Everything each socket received until the server closed it; stops at ``timeout`` (a socket
+    the server never closed keeps what it had, which the caller sees as no answer)."""
+    selector = selectors.DefaultSelector()
+    got = {sock.fileno(): b"" for sock in socks}
+    for sock in socks:
+        sock.setblocking(False)
+        selector.register(sock, selectors.EVENT_READ)
+    open_left = len(socks)
+    deadline = time.monotonic() + timeout
+    try:
+        while open_left and time.monotonic() < deadline:
+            for key, _ in selector.select(timeout=1.0):
+                sock = key.fileobj
+                assert isinstance(sock, socket.socket)
+                try:
+                    data = sock.recv(65536)
+                except ConnectionResetError:
+                    data = b""
+                if data:
+                    got[sock.fileno()] += data
+                else:
+                    selector.unregister(sock)
+                    got[sock.fileno()] += b"<EOF>"
+                    open_left -= 1
+    finally:
+        selector.close()
+    return [got[sock.fileno()] for sock in socks]
+
+
+@pytest.mark.parametrize(("what", "request_bytes", "status", "reason"), [
+    ("a 9 KB request line", f"GET /rooms/big/ws?token={'a' * 9000} HTTP/1.1\r\n{UPGRADE}\r\n",
+     b"414", "uri_too_long"),
+    ("a 9 KB header line", f"GET /rooms/big/ws HTTP/1.1\r\n{UPGRADE}X-Big: {'a' * 9000}\r\n\r\n",
+     b"431", "headers_too_large"),
+    ("130 headers", f"GET /rooms/big/ws HTTP/1.1\r\n{UPGRADE}" + "".join(f"X-{i}: a\r\n" for i in range(130)) + "\r\n",
+     b"431", "headers_too_large"),
+    ("a body on the upgrade", f"GET /rooms/big/ws HTTP/1.1\r\n{UPGRADE}Content-Length: 3\r\n\r\nabc",
+     b"400", "bad_request"),
+])
+def test_an_upgrade_websockets_refuses_is_answered_closed_and_counted(gateway: tuple[Proc, int], what: str,
+                                                                       request_bytes: str, status: bytes,
+                                                                       reason: str) -> None:
+    """Before: websockets' 414/431 sat in its buffer, never written, and the socket stayed open
+    (300 of 300 held, one fd each, for minutes)."""
+    proc, port = gateway
+    before = _refused_total(port, reason)
+    socks = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(OVERSIZED)]
+    try:
+        for sock in socks:
+            sock.sendall(request_bytes.encode())
+        # Far past the 1 s header deadline: these are answered at once, or never.
+        answers = _answers(socks, timeout=30.0)
+    finally:
+        for sock in socks:
+            sock.close()
+    unanswered = [a[:40] for a in answers if not a.startswith(b"HTTP/1.1 " + status) or not a.endswith(b"<EOF>")]
+    assert not unanswered, f"{what}: {len(unanswered)} of {OVERSIZED} not answered {status!r} and closed"
+    assert _refused_total(port, reason) - before == OVERSIZED
+    # The gateway holds none of them, and still serves.
+    assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=10).status_code == 200
+    assert proc.alive()
+
+
+def test_a_header_deadline_close_is_counted(gateway: tuple[Proc, int]) -> None:
+    _, port = gateway
+    before = _refused_total(port, "headers_timeout")
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"GET /rooms/slow/ws HT")
+        assert _closed_by_server([sock], timeout=60.0) == 1
+    assert _refused_total(port, "headers_timeout") - before == 1

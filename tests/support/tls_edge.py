@@ -120,6 +120,9 @@ class Edge:
     http_port: int
     https_port: int
     access_log: Path
+    """The test's own access log (ACCESS_FORMAT)."""
+    shipped_log: Path
+    """nginx.conf's access log, as shipped (nginx's stdout)."""
 
     def connections(self, uri_prefix: str) -> list[dict[str, str]]:
         """Access log entries on the TLS port whose path starts with ``uri_prefix``."""
@@ -164,8 +167,8 @@ def running_tls_nginx(prefix: Path, gateways: list[int], certs: Certificates) ->
     if check.returncode != 0:
         raise RuntimeError(f"nginx -t: {check.stderr}")
     stderr = prefix / "stderr.log"
-    with open(stderr, "wb") as sink:
-        proc = subprocess.Popen(base, stdout=subprocess.DEVNULL, stderr=sink)
+    with open(stderr, "wb") as sink, open(prefix / "stdout.log", "wb") as out:  # the shipped access log
+        proc = subprocess.Popen(base, stdout=out, stderr=sink)
     try:
         deadline = time.monotonic() + 10
         context = certs.client_context()
@@ -174,7 +177,7 @@ def running_tls_nginx(prefix: Path, gateways: list[int], certs: Certificates) ->
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"nginx did not start: {stderr.read_text()}")
             time.sleep(0.05)
-        yield Edge(http_port, https_port, prefix / "access.log")
+        yield Edge(http_port, https_port, prefix / "access.log", prefix / "stdout.log")
     finally:
         proc.terminate()
         proc.wait(10)

@@ -44,6 +44,10 @@ ERRORS = Counter("voxroom_errors", "error messages sent to clients, by protocol 
 CONNECTIONS_REFUSED = Counter("voxroom_connections_refused",
                               "WebSockets closed at once, by close code (1008 policy, 1012 draining, 1013 full).",
                               ["code"], registry=REGISTRY)
+HANDSHAKES_REFUSED = Counter("voxroom_handshakes_refused",
+                             "Connections closed before their request reached the app (app/handshake.py): "
+                             "headers_timeout, uri_too_long (414), headers_too_large (431), bad_request (400).",
+                             ["reason"], registry=REGISTRY)
 
 LOOP_UP = Gauge("voxroom_loop_up", "1 while a supervised background loop runs, 0 between its failure and restart "
                 "(voxroom/runtime/supervisor.py).", ["process", "loop"], registry=REGISTRY)

@@ -250,10 +250,12 @@ class Settings:
         _refuse(wrong + settings_rules.problems(values))
         return cls(**values)
 
-    def check(self) -> Settings:
+    def check(self, flags: Mapping[str, str] | None = None) -> Settings:
         """``self``, or :class:`ConfigError` naming every value its rule refuses (for settings
-        changed after :meth:`from_env`, such as the CLI's flags)."""
-        _refuse(settings_rules.problems({f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}))
+        changed after :meth:`from_env`, such as the CLI's flags: ``flags`` maps the fields that
+        came from one to its name, which the message then gives instead of the variable's)."""
+        _refuse(settings_rules.problems({f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"},
+                                        flags))
         return self
 
     @staticmethod

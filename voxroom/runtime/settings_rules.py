@@ -129,13 +129,17 @@ RULES: Mapping[str, Rule] = {
 }
 
 
-def problems(values: Mapping[str, Any]) -> list[str]:
+def problems(values: Mapping[str, Any], flags: Mapping[str, str] | None = None) -> list[str]:
     """``VOXROOM_NAME=value must be ...`` for every value in ``values`` (field name -> value) that
-    its rule refuses, in the order given."""
+    its rule refuses, in the order given; ``--flag value must be ...`` for a field that ``flags``
+    names (field -> the command-line flag it came from): the operator typed the flag, not the
+    variable."""
     found = []
     for name, value in values.items():
         rule = RULES.get(name)
         wrong = rule(value) if rule is not None and value is not None else None
         if wrong is not None:
-            found.append(f"VOXROOM_{name.upper()}={value!r} must be {wrong}")
+            flag = (flags or {}).get(name)
+            said = f"{flag} {value!r}" if flag else f"VOXROOM_{name.upper()}={value!r}"
+            found.append(f"{said} must be {wrong}")
     return found

@@ -18,6 +18,7 @@ import tempfile
 import time
 
 from voxroom.errors import ConfigError
+from voxroom.store.redis_config import SERVER_ARGS
 
 
 def find_redis_server() -> str:
@@ -61,7 +62,7 @@ class RedisServer:
     def start(self, timeout: float = 10.0) -> RedisServer:
         args = [self.executable, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.data_dir,
                 "--save", "", "--appendonly", "yes" if self.persist else "no", "--protected-mode", "no",
-                "--maxclients", "20000"]
+                "--maxclients", "20000", *SERVER_ARGS]
         if self.persist:
             args += ["--appendfsync", self.fsync]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -51,6 +51,7 @@ from voxroom.store.interface import Store
 from voxroom.voices.catalog import Catalog
 from voxroom.wire.jobs import Job
 from workers.audio_cache.cache import AudioCache
+from workers.intake.stopping import unless_stopped
 from workers.intake.metrics import observe_utterance, stage_seconds, worker_registry
 from workers.intake.metrics_http import MetricsServer
 from workers.output.clock import RoomClock
@@ -129,7 +130,7 @@ class Worker:
             if self.metrics is not None:
                 await self.metrics.aclose()
 
-    async def _run(self) -> None:
+    async def _start(self) -> None:
         await self._ensure_group_patiently()
         for ctx in self.pool.contexts:
             await ctx.load_engines(self.optional_engines)
@@ -137,6 +138,15 @@ class Worker:
         freeze_startup_objects()
         log.info("worker %s ready: %d contexts (%s), engines %s", self.id, len(self.pool.contexts),
                  ", ".join(c.device for c in self.pool.contexts), sorted(self.pool.engine_names()))
+
+    async def _run(self) -> None:
+        # A stop during start-up (waiting for Redis, loading engines) ends it at once
+        # (workers/intake/stopping.py).
+        started, _ = await unless_stopped(self._start(), self._stopping)
+        if not started:
+            log.info("worker %s stopped before it was ready", self.id)
+            await self._close()
+            return
         for ctx in self.pool.contexts:
             self.supervisor.spawn(f"context:{ctx.name}", functools.partial(ctx.run, self._on_started))
         self.supervisor.spawn("heartbeat", self._heartbeat)
@@ -155,11 +165,14 @@ class Worker:
                 await self.bus.drop_heartbeat(self.id)
             except REDIS_DOWN:
                 pass
-            self.pool.close()
-            if self.cache is not None:
-                await self.cache.aclose()
-            await self.bus.close()
+            await self._close()
             log.info("worker %s stopped", self.id)
+
+    async def _close(self) -> None:
+        self.pool.close()
+        if self.cache is not None:
+            await self.cache.aclose()
+        await self.bus.close()
 
     async def _ensure_group_patiently(self) -> None:
         backoff = Backoff()

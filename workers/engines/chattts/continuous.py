@@ -21,6 +21,16 @@ nothing. Per-row sampling state
 sampling a row's codes, and therefore its audio, are those of the same row run alone up to float
 rounding, whatever joins or leaves around it.
 
+Lines that arrive together start together. A new request waits one step for companions before it
+joins: rows handed over within one step of each other join in one prefill and speak from the same
+step (before, the serving thread took whichever line had landed in its inbox and prefilled it alone,
+and lines handed over a moment later joined a step or, behind a busy loop, a piece later: one line's
+first audio at 2.16 s, the three that arrived with it at 4.96 s). While the batch runs, a step is a
+turn of :meth:`ContinuousBatcher.serve`: a request admitted at one turn joins at the next with every
+request admitted there. While nothing runs, there is no turn to count: the first request waits the
+measured duration of a step (:data:`FIRST_STEP_S` before one was measured, at most
+:data:`MAX_JOIN_WAIT_S`) for others. The cost is one step of first-audio latency per line.
+
 Word marks (a job with a ``timer``): when a piece's last chunk is out, the row yields that piece's
 marks (``timing.PieceTimer`` over the piece's audio), right after the chunk: ChatTTS knows which
 audio is which words only once a piece is done.
@@ -62,6 +72,14 @@ Two seconds: one that the issue says a room can wait, and one for the piece's pr
 chunk and a row to come free again; the lead only falls from there, so a line that yielded
 joins ahead of newer ones before its audio runs out. Mid-piece a row is not paused: that would
 park its KV cache outside the batch, for a gain a piece later."""
+
+
+FIRST_STEP_S = 0.03
+"""What an idle batcher takes a step to last before it has measured one (a GPU step is 10-25 ms)."""
+MAX_JOIN_WAIT_S = 0.25
+"""The most a request waits for companions while nothing runs, whatever a step was measured at."""
+STEP_EMA = 0.2
+"""Weight of the latest step in the running estimate of a step's duration."""
 
 
 @dataclass(slots=True, eq=False)  # a job is itself: compared by identity (``in``, ``remove``)
@@ -134,6 +152,13 @@ class ContinuousBatcher:
         self.yields = 0
         """Times a line far ahead of its playout let a waiting line take a row first."""
         self.waiting: deque[Job] = deque()
+        self.fresh: list[Job] = []
+        """Requests admitted and not yet released to ``waiting``: they wait a step for companions."""
+        self._fresh_since = 0.0
+        """``time.monotonic()`` when ``fresh`` last went from empty to not."""
+        self.step_s: float | None = None
+        """Running estimate of one decode step (sample and forward), in seconds of ``time.monotonic``:
+        the wait for companions is a wait on the inbox, in real time, whatever ``clock`` says."""
         self._reset()
 
     def _reset(self) -> None:
@@ -152,9 +177,10 @@ class ContinuousBatcher:
         it is done (finished, cancelled, or refused by ``plan``); return when ``admit`` returns
         ``None``."""
         while True:
-            admitted = admit(0.0 if self.rows or self.waiting else None)
+            admitted = admit(self._admit_timeout())
             if admitted is None:
                 return
+            new: list[Job] = []
             for key, request, cancel in admitted:
                 try:
                     job = plan(key, request, cancel)
@@ -163,26 +189,60 @@ class ContinuousBatcher:
                     yield key, None
                     continue
                 if job.pieces:
-                    self.waiting.append(job)
+                    new.append(job)
                 else:  # nothing to say (no speakable text)
                     self.on_done()
                     yield key, None
+            self._arrive(new)
             yield from self._drop_cancelled()
             free = self.max_rows - len(self.rows)
             if free > 0 and self.waiting:
                 self._join(self._take(free))
             if not self.rows:
                 continue
+            began = time.monotonic()
             yield from self._sample()
             yield from self._drop_cancelled()
             if self.rows:
                 self._forward()
+                took = time.monotonic() - began
+                self.step_s = took if self.step_s is None else (1 - STEP_EMA) * self.step_s + STEP_EMA * took
+
+    # --- companions: requests that arrive together join together ------------------------------
+    def _admit_timeout(self) -> float | None:
+        """How long ``admit`` may block: not at all while rows run or wait; while nothing runs, until
+        the fresh requests' step of waiting for companions is over; else until a request comes."""
+        if self.rows or self.waiting:
+            return 0.0
+        if self.fresh:
+            return max(0.0, self._fresh_since + self._join_wait() - time.monotonic())
+        return None
+
+    def _join_wait(self) -> float:
+        return min(MAX_JOIN_WAIT_S, FIRST_STEP_S if self.step_s is None else self.step_s)
+
+    def _arrive(self, new: list[Job]) -> None:
+        """Requests admitted this turn wait in ``fresh``; release every fresh request to ``waiting``
+        once the oldest has waited a step: a turn while rows run, the step's duration while none do."""
+        if self.rows:
+            ready = bool(self.fresh)  # admitted at an earlier turn: a step ago
+        else:
+            ready = bool(self.fresh) and time.monotonic() >= self._fresh_since + self._join_wait()
+        if new and not self.fresh:
+            self._fresh_since = time.monotonic()
+        self.fresh += new
+        if ready:
+            self.waiting.extend(self.fresh)
+            self.fresh = []
 
     # --- rows in and out -------------------------------------------------------------------------
     def _drop_cancelled(self) -> list[Event]:
         events: list[Event] = []
         for job in [j for j in self.waiting if j.cancel.is_set()]:
             self.waiting.remove(job)
+            events.append((job.key, None))
+        for job in [j for j in self.fresh if j.cancel.is_set()]:
+            self.fresh.remove(job)
             events.append((job.key, None))
         gone = [row for row in self.rows if row.job.cancel.is_set()]
         if gone:
