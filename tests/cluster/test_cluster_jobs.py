@@ -100,7 +100,7 @@ async def jobs_of(calls: ClusterCalls, rooms: list[str]) -> dict[str, list[tuple
     wanted = set(rooms)
     found: dict[str, list[tuple[int, int, str]]] = {room: [] for room in rooms}
     for shard in range(SHARDS):
-        for _entry_id, fields in await calls.call("XRANGE", keys.job_shard(shard), "-", "+"):
+        for _entry_id, fields in await calls.call("XRANGE", keys.job_shard(shard, SHARDS), "-", "+"):
             if fields["room"] in wanted:
                 found[fields["room"]].append((shard, int(fields["seq"]), fields["text"]))
     return found
@@ -128,7 +128,7 @@ async def test_lines_in_rooms_on_every_primary_are_handed_once_in_order(
     rooms = new_rooms("spread", 24)
     assert {primary_of(redis_cluster, keys.room_state(r)) for r in rooms} == {
         n.port for n in redis_cluster.primaries()}
-    assert {primary_of(redis_cluster, keys.job_shard(k)) for k in range(SHARDS)} == {
+    assert {primary_of(redis_cluster, keys.job_shard(k, SHARDS)) for k in range(SHARDS)} == {
         n.port for n in redis_cluster.primaries()}
 
     async def speak(room: str) -> None:
@@ -147,7 +147,7 @@ async def test_lines_in_rooms_on_every_primary_are_handed_once_in_order(
         utt = await calls.call("XRANGE", keys.room_utterances(room), "-", "+")
         assert [int(f["seq"]) for _, f in utt] == list(range(1, LINES + 1))
         assert all("prev_voice" in f for _, f in utt)
-        assert await calls.call("ZSCORE", keys.rooms_shard(keys.shard_of(room, SHARDS)), room) is not None
+        assert await calls.call("ZSCORE", keys.rooms_shard(keys.shard_of(room, SHARDS), SHARDS), room) is not None
         assert await calls.call("EXISTS", keys.JOBS) == 0  # no global job stream on a cluster
 
 
@@ -291,7 +291,7 @@ async def test_a_worker_that_lost_its_job_writes_nothing_more(calls: ClusterCall
     assert state["next"] == "2" and "owner:1" not in state
     _, stream_id = adopted.entry_id.split("/")
     assert not await calls.call("EVAL", "return redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)",
-                                1, keys.job_shard(keys.shard_of(room, SHARDS)), keys.JOBS_GROUP, stream_id)
+                                1, keys.job_shard(keys.shard_of(room, SHARDS), SHARDS), keys.JOBS_GROUP, stream_id)
 
 
 async def test_a_line_handed_twice_is_spoken_by_one_job(calls: ClusterCalls, ingress: ClusterIngress,
@@ -302,17 +302,17 @@ async def test_a_line_handed_twice_is_spoken_by_one_job(calls: ClusterCalls, ing
     mark, line = await accept_only(ingress, room, 1)
     assert await ingress.hand(room, mark, line)
     # The shard's mark lost (its primary failed over before replicating it): handed again.
-    await calls.call("HDEL", keys.job_shard_handed(mark.shard), room)
+    await calls.call("HDEL", keys.job_shard_handed(mark.shard, SHARDS), room)
     assert await ingress.hand(room, mark, line)
     first = await drain(a, 1)
     second = await drain(b, 1)
     assert [(j.room, j.seq) for j in first + second] == [(room, 1)]  # the other was acked unread
     # One job of the two is pending (the one being spoken), the other was acked.
-    ids = [entry_id for entry_id, f in await calls.call("XRANGE", keys.job_shard(mark.shard), "-", "+")
+    ids = [entry_id for entry_id, f in await calls.call("XRANGE", keys.job_shard(mark.shard, SHARDS), "-", "+")
            if f["room"] == room]
     assert len(ids) == 2
     pending = [await calls.call("EVAL", "return redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)",
-                                1, keys.job_shard(mark.shard), keys.JOBS_GROUP, entry_id) for entry_id in ids]
+                                1, keys.job_shard(mark.shard, SHARDS), keys.JOBS_GROUP, entry_id) for entry_id in ids]
     assert sum(1 for p in pending if p) == 1
 
 
@@ -377,9 +377,9 @@ async def test_a_worker_speaks_lines_of_rooms_on_every_shard(redis_cluster: Redi
         assert (end[b"status"], int(end[b"chunks"])) == (b"ok", len(chunks))
     spoken = set(rooms)
     for shard in range(SHARDS):  # every job of these rooms acked
-        for entry_id, fields in await calls.call("XRANGE", keys.job_shard(shard), "-", "+"):
+        for entry_id, fields in await calls.call("XRANGE", keys.job_shard(shard, SHARDS), "-", "+"):
             if fields["room"] in spoken:
                 assert not await calls.call(
                     "EVAL", "return redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)", 1,
-                    keys.job_shard(shard), keys.JOBS_GROUP, entry_id), (shard, fields["room"])
+                    keys.job_shard(shard, SHARDS), keys.JOBS_GROUP, entry_id), (shard, fields["room"])
     await raw.aclose()

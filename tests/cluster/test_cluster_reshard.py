@@ -211,8 +211,8 @@ async def test_a_shard_read_blocked_when_its_slot_moves_reads_on(own_cluster: Re
     cluster = own_cluster
     source, owned = _source(cluster)
     target = next(n for n in cluster.primaries() if n.port != source.port)
-    shard = next(k for k in range(JOB_SHARDS) if key_slot(keys.job_shard(k).encode()) in owned[MOVED_SLOTS:])
-    stream = keys.job_shard(shard)
+    shard = next(k for k in range(JOB_SHARDS) if key_slot(keys.job_shard(k, JOB_SHARDS).encode()) in owned[MOVED_SLOTS:])
+    stream = keys.job_shard(shard, JOB_SHARDS)
     slot = key_slot(stream.encode())
     calls = ClusterCalls(cluster_client(cluster.url, decode_responses=True))
     jobs = await stores.bus(cluster.url, "c-reshard", job_shards=JOB_SHARDS)
@@ -243,8 +243,8 @@ async def test_redis_cli_reshard_of_busy_rooms_loses_nothing(own_cluster: RedisC
     moving = owned[:MOVED_SLOTS]
     assert moving == list(range(MOVED_SLOTS)), "redis-cli --cluster create gave another layout"
     target = next(n for n in cluster.primaries() if n.port != source.port)
-    moving_shards = {k for k in range(JOB_SHARDS) if key_slot(keys.job_shard(k).encode()) < MOVED_SLOTS}
-    moving_index = {k for k in range(JOB_SHARDS) if key_slot(keys.rooms_shard(k).encode()) < MOVED_SLOTS}
+    moving_shards = {k for k in range(JOB_SHARDS) if key_slot(keys.job_shard(k, JOB_SHARDS).encode()) < MOVED_SLOTS}
+    moving_index = {k for k in range(JOB_SHARDS) if key_slot(keys.rooms_shard(k, JOB_SHARDS).encode()) < MOVED_SLOTS}
     assert moving_shards == moving_index == {1, 5, 9}
     rooms = _rooms_in(moving, moving_shards)
     others = [n for n in cluster.nodes if n.port not in (source.port, target.port)]
@@ -340,14 +340,14 @@ async def test_redis_cli_reshard_of_busy_rooms_loses_nothing(own_cluster: RedisC
                 assert int(state["next"]) == said[room] + 1 and int(state["handed"]) == said[room], state
                 assert not [f for f in state if f.startswith("owner:")], state
                 shard = int(state["shard"])
-                jobs = [f for _, f in rc.xrange(keys.job_shard(shard)) if f.get("room") == room]
+                jobs = [f for _, f in rc.xrange(keys.job_shard(shard, JOB_SHARDS)) if f.get("room") == room]
                 assert [int(f["seq"]) for f in jobs] == list(range(1, said[room] + 1)), (room, jobs)
-                pending = rc.xpending(keys.job_shard(shard), keys.JOBS_GROUP)
+                pending = rc.xpending(keys.job_shard(shard, JOB_SHARDS), keys.JOBS_GROUP)
                 assert pending["pending"] == 0, (shard, pending)
-                assert rc.zscore(keys.rooms_shard(keys.shard_of(room, JOB_SHARDS)), room) is not None
+                assert rc.zscore(keys.rooms_shard(keys.shard_of(room, JOB_SHARDS), JOB_SHARDS), room) is not None
             for k in moving_shards:
-                assert _holder_port(cluster, keys.job_shard(k)) == target.port
-                assert _holder_port(cluster, keys.rooms_shard(k)) == target.port
+                assert _holder_port(cluster, keys.job_shard(k, JOB_SHARDS)) == target.port
+                assert _holder_port(cluster, keys.rooms_shard(k, JOB_SHARDS)) == target.port
     finally:
         for proc in procs:
             proc.stop()

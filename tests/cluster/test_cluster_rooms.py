@@ -132,7 +132,7 @@ async def test_rooms_on_every_primary_speak_through_two_gateways_and_two_workers
             state = rc.hgetall(keys.room_state(room))
             assert int(state["next"]) == LINES + 1 and int(state["handed"]) == LINES, state
             assert not [f for f in state if f.startswith("owner:")], state
-            shard = keys.job_shard(int(state["shard"]))
+            shard = keys.job_shard(int(state["shard"]), Settings().job_shards)
             jobs = [f for _, f in rc.xrange(shard) if f.get("room") == room]
             assert [int(f["seq"]) for f in jobs] == list(range(1, LINES + 1))
     # The heartbeats (every 2 s) say how many lines each worker spoke: some each, all in all.

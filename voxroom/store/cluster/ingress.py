@@ -113,7 +113,7 @@ class ClusterIngress:
             return
         if len(self._indexed) >= _INDEXED_MAX:
             self._indexed.clear()  # forgetting costs one ZADD per room
-        await self.calls.call("ZADD", keys.rooms_shard(keys.shard_of(room, self.shards)), now_ms, room)
+        await self.calls.call("ZADD", keys.rooms_shard(keys.shard_of(room, self.shards), self.shards), now_ms, room)
         self._indexed[room] = now
 
     # -- step 1 ----------------------------------------------------------------------------------
@@ -190,8 +190,8 @@ class ClusterIngress:
         """Add ``line``'s job to the room's shard unless the shard has it. ``True``: added now."""
         shard = mark.shard
         added = await self.calls.call(
-            "EVAL", handoff.HAND, 3, keys.job_shard(shard), keys.job_shard_handed(shard),
-            keys.job_shard_handed_at(shard),
+            "EVAL", handoff.HAND, 3, keys.job_shard(shard, self.shards), keys.job_shard_handed(shard, self.shards),
+            keys.job_shard_handed_at(shard, self.shards),
             room, line.seq, mark.epoch, self.jobs_maxlen, int(time.time() * 1000), *line.fields)
         if added:
             self.handed += 1

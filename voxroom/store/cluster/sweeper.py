@@ -70,26 +70,44 @@ class Sweeper:
         grace (tests pass 0)."""
         now_ms = int(time.time() * 1000)
         grace = self.grace_ms if grace_ms is None else grace_ms
-        calls = self.ingress.calls
-        rooms: list[str] = []
-        for shard in range(self.ingress.shards):
-            index = keys.rooms_shard(shard)
-            found = await calls.call("ZREVRANGEBYSCORE", index, "+inf", now_ms - ACTIVE_WINDOW_S * 1000,
-                                     "LIMIT", 0, ROOMS_PER_SHARD)
-            rooms += [str(room) for room in found]
-            cutoff = now_ms - self.room_idle_ttl_s * 1000
-            await calls.call("ZREMRANGEBYSCORE", index, "-inf", f"({cutoff}")
-            await calls.call("EVAL", handoff.PRUNE, 2, keys.job_shard_handed(shard), keys.job_shard_handed_at(shard),
-                             cutoff, PRUNE_PER_PASS)
+        shards = self.ingress.shards
+        # Every index shard and every room on its own: one primary down (its shards, its rooms)
+        # must not hold up the sweep of the rooms on the others.
+        found = await asyncio.gather(*(self._index_shard(shard, now_ms) for shard in range(shards)),
+                                     return_exceptions=True)
+        rooms = [room for got in found if isinstance(got, list) for room in got]
+        skipped = [got for got in found if isinstance(got, BaseException)]
         limit = asyncio.Semaphore(CONCURRENT_ROOMS)
 
-        async def one(room: str) -> int:
+        async def one(room: str) -> int | BaseException:
             async with limit:
-                return await self.sweep_room(room, older_than_ms=now_ms - grace)
+                try:
+                    return await self.sweep_room(room, older_than_ms=now_ms - grace)
+                except _SKIP_PASS as exc:
+                    return exc
 
-        handed = sum(await asyncio.gather(*(one(room) for room in rooms)))
+        results = await asyncio.gather(*(one(room) for room in rooms))
+        skipped += [r for r in results if isinstance(r, BaseException)]
+        handed = sum(r for r in results if isinstance(r, int))
+        if skipped and not rooms and len(skipped) >= shards:
+            raise skipped[0]  # nothing could be read at all: the pass is skipped (logged by run)
+        for error in skipped[:1]:
+            log.debug("hand-off sweep: %d shards or rooms left for the next pass (%s)", len(skipped), error)
         self.swept += handed
         return handed
+
+    async def _index_shard(self, shard: int, now_ms: int) -> list[str]:
+        """The rooms of index shard ``shard`` active lately; its stale entries and its job shard's
+        stale high-water marks go. Raises what Redis raises for that shard alone."""
+        calls, shards = self.ingress.calls, self.ingress.shards
+        index = keys.rooms_shard(shard, shards)
+        found = await calls.call("ZREVRANGEBYSCORE", index, "+inf", now_ms - ACTIVE_WINDOW_S * 1000,
+                                 "LIMIT", 0, ROOMS_PER_SHARD)
+        cutoff = now_ms - self.room_idle_ttl_s * 1000
+        await calls.call("ZREMRANGEBYSCORE", index, "-inf", f"({cutoff}")
+        await calls.call("EVAL", handoff.PRUNE, 2, keys.job_shard_handed(shard, shards),
+                         keys.job_shard_handed_at(shard, shards), cutoff, PRUNE_PER_PASS)
+        return [str(room) for room in found]
 
     async def sweep_room(self, room: str, *, older_than_ms: float) -> int:
         """Hand the room's lines past ``handed`` (accepted before ``older_than_ms``), under the
