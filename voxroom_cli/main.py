@@ -93,8 +93,8 @@ def _run_gateway(settings: Settings, banner: str) -> None:
 
 async def _worker_main(settings: Settings) -> None:
     from voxroom.store.opening import open_store
-    from workers.launch import build_worker
     from workers.intake.stopping import unless_stopped
+    from workers.launch import build_worker
 
     # Signals first: a stop ends every state, waiting for Redis included (workers/intake/stopping.py).
     loop = asyncio.get_running_loop()

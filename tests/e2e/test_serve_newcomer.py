@@ -16,7 +16,7 @@ import pytest
 
 from tests.support.processes import ROOT, base_env, wait_http
 from tests.support.room_client import RoomClient
-from voxroom.redis_server import free_port
+from voxroom.store.server import free_port
 
 
 def _env(runtime: Path, **extra: str) -> dict[str, str]:

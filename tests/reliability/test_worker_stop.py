@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from tests.support.processes import Proc, base_env
-from voxroom.redis_server import free_port
+from voxroom.store.server import free_port
 
 EXIT_WITHIN_S = 10.0
 """Generous for a shared CI machine; the worker takes well under 2 s here (see the report in the log)."""

@@ -51,9 +51,9 @@ from voxroom.store.interface import Store
 from voxroom.voices.catalog import Catalog
 from voxroom.wire.jobs import Job
 from workers.audio_cache.cache import AudioCache
-from workers.intake.stopping import unless_stopped
 from workers.intake.metrics import observe_utterance, stage_seconds, worker_registry
 from workers.intake.metrics_http import MetricsServer
+from workers.intake.stopping import unless_stopped
 from workers.output.clock import RoomClock
 from workers.output.publisher import PublishResult, publish_utterance
 from workers.pool.context import Context
