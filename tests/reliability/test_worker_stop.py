@@ -38,7 +38,7 @@ def silent_redis() -> Iterator[int]:
 
 
 def start(redis_port: int, logs: Path, metrics_port: int) -> Proc:
-    return Proc([sys.executable, "-m", "voxroom", "worker", "--engine", "offline", "--contexts", "1"],
+    return Proc([sys.executable, "-m", "voxroom_cli", "worker", "--engine", "offline", "--contexts", "1"],
                 base_env(f"redis://127.0.0.1:{redis_port}/0", VOXROOM_WORKER_METRICS_PORT=str(metrics_port)),
                 logs / f"worker-{time.monotonic_ns()}.log")
 
