@@ -77,7 +77,8 @@ def _last_commands(pid: int, node_port: int) -> list[str]:
     mine = {c.laddr.port for c in psutil.Process(pid).net_connections(kind="tcp")
             if c.raddr and c.raddr.port == node_port}
     with redis.Redis(port=node_port, socket_timeout=5, decode_responses=True) as r:
-        return [f"{c['name']}:{c['cmd']}:{c['age']}" for c in r.client_list() if int(c["addr"].rsplit(":", 1)[1]) in mine]
+        return [f"{c['name']}:{c['cmd']}:{c['age']}" for c in r.client_list()
+                if int(c["addr"].rsplit(":", 1)[1]) in mine]
 
 
 def _bell_clients(node_port: int, gateway_pid: int) -> int:
