@@ -2,7 +2,7 @@
 
 For each node size, a private redis-server gets ``--rooms`` output streams of ``--seconds`` of audio
 each, written as workers write them: 40 ms slices, the first of a line alone and the rest two to an
-entry (voxroom/output_entries.py ``group_fields``, real AudioFrame bytes, random PCM), with or without
+entry (voxroom/wire/output_entries.py ``group_fields``, real AudioFrame bytes, random PCM), with or without
 an Opus copy of each slice (``--opus-bytes``). It prints ``MEMORY USAGE`` of a stream against the PCM
 it holds, the ``used_memory`` growth, the stream's nodes (``XINFO STREAM FULL``), and Redis's CPU per
 ``XADD`` and per entry read back by ``XREAD`` from a cursor (what a gateway's reader does), from
@@ -27,9 +27,9 @@ sys.path[:0] = [str(ROOT)]
 
 import redis  # noqa: E402
 
-from voxroom.output_entries import group_fields  # noqa: E402
-from voxroom.protocol import ROOM_RATE, AudioFrame  # noqa: E402
-from voxroom.redis_server import find_redis_server, free_port  # noqa: E402
+from voxroom.wire.output_entries import group_fields  # noqa: E402
+from voxroom.wire.protocol import ROOM_RATE, AudioFrame  # noqa: E402
+from voxroom.store.server import find_redis_server, free_port  # noqa: E402
 
 SLICE_SAMPLES = ROOM_RATE * 40 // 1000
 PCM_PER_SLICE = SLICE_SAMPLES * 2

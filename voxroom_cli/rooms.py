@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -86,8 +87,25 @@ def render_room(summary: RoomSummary, utterances: Sequence[dict[str, str]], pend
 # -- commands --------------------------------------------------------------------------------------
 
 
+def _url(settings: Settings, *, say: bool = False) -> str:
+    """``REDIS_URL``; unset, the Redis of a ``voxroom serve`` running here (said on stderr when
+    ``say``), else the default (voxroom_cli/serve_discovery.py)."""
+    if settings.redis_url:
+        return settings.redis_url
+    from voxroom_cli.serve_discovery import running_serve
+
+    found = running_serve()
+    if found is None:
+        return DEFAULT_URL
+    pid, url = found
+    if say:
+        print(f"voxroom: REDIS_URL is not set: reading the Redis of voxroom serve (pid {pid}) at "
+              f"{_without_secrets(url)}", file=sys.stderr)
+    return url
+
+
 def _inspection(settings: Settings) -> RoomInspection:
-    return open_inspection(settings.redis_url, job_shards=settings.job_shards)
+    return open_inspection(_url(settings, say=True), job_shards=settings.job_shards)
 
 
 def _without_secrets(url: str) -> str:
@@ -104,7 +122,7 @@ def _answering(settings: Settings) -> Iterator[None]:
     try:
         yield
     except REDIS_DOWN as exc:
-        where = _without_secrets(settings.redis_url or DEFAULT_URL)
+        where = _without_secrets(_url(settings))
         raise VoxroomError(f"Redis at {where} cannot answer: {exc}") from None
 
 

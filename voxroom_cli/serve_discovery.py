@@ -17,7 +17,7 @@ import os
 import tempfile
 from pathlib import Path
 
-log = logging.getLogger("voxroom.cli")
+log = logging.getLogger("voxroom_cli.main")
 
 
 def path() -> Path:

@@ -30,7 +30,7 @@ from typing import Any, Final, Literal, NamedTuple
 import numpy as np
 from prometheus_client import Gauge
 from redis.exceptions import RedisError
-from voxroom.voices.catalog.text_split import split_text
+from voxroom.voices.text_split import split_text
 
 from app.api.speech_takes import Takes
 from app.room.address_slots import AddressSlots

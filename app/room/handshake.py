@@ -22,7 +22,7 @@ import asyncio
 import logging
 from typing import Any
 
-from voxroom.metrics import HANDSHAKES_REFUSED
+from voxroom.runtime.metrics import HANDSHAKES_REFUSED
 
 log = logging.getLogger("voxroom.gateway.handshake")
 

@@ -16,7 +16,7 @@ import pytest
 
 from tests.support.processes import ROOT, base_env, wait_http
 from tests.support.room_client import RoomClient
-from voxroom.redis_server import free_port
+from voxroom.store.server import free_port
 
 
 def _env(runtime: Path, **extra: str) -> dict[str, str]:
@@ -27,7 +27,7 @@ def _env(runtime: Path, **extra: str) -> dict[str, str]:
 
 
 def _voxroom(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "voxroom", *args], env=env, cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "voxroom_cli", *args], env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout, check=False)
 
 
@@ -47,7 +47,7 @@ async def test_the_printed_redis_cli_line_and_voxroom_rooms_reach_serve_s_redis(
     env = _env(tmp_path)
     log_path = tmp_path / "serve.log"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "voxroom", "serve", "--port", str(port), "--insecure-dev",
+        proc = subprocess.Popen([sys.executable, "-m", "voxroom_cli", "serve", "--port", str(port), "--insecure-dev",
                                  "--contexts", "1"], env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_http(f"http://127.0.0.1:{port}/healthz", timeout=60)

@@ -71,6 +71,6 @@ def test_nothing_an_operator_creates_reaches_the_build_context(tmp_path: Path) -
     assert sorted(set(secret_files) & sent) == []
     # and the image still gets everything it installs from
     needed = ["Dockerfile", "pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "app/main.py",
-              "voxroom/cli.py", "workers/worker.py", "voxroom/voices.json", "client_js/voxroom.js",
+              "voxroom_cli/main.py", "workers/intake/worker.py", "voxroom/voices/voices.json", "client_js/voxroom.js",
               "client_js/demo/index.html"]
     assert [name for name in needed if name not in sent] == []

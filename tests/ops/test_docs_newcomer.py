@@ -3,7 +3,7 @@
 - operations.md's recipe for a room's control entries, run as written against a real Redis holding a
   room's real output stream (a synthetic worker spoke into it): it prints the ``start`` and ``end``
   entries (without ``grep -a`` it printed nothing: the audio fields make grep call it binary);
-- operations.md's key table names the keys voxroom/keys.py builds (the wake streams and the cache among them);
+- operations.md's key table names the keys voxroom/store/keys.py builds (the wake streams and the cache among them);
 - deployment.md's "Without containers" workers on one host each get their own metrics port;
 - client_js/README.md's module table lists every browser API each module reaches, itself or through
   the modules it imports.
@@ -20,8 +20,7 @@ from pathlib import Path
 from tests.ops.conftest import OpsStack
 from tests.support.processes import ROOT
 from tests.support.room_client import RoomClient
-from voxroom import keys
-
+from voxroom.store import keys
 OPERATIONS = ROOT / "docs" / "operations.md"
 DEPLOYMENT = ROOT / "docs" / "deployment.md"
 CLIENT_README = ROOT / "client_js" / "README.md"
@@ -46,7 +45,7 @@ async def test_the_control_entries_recipe_prints_the_start_and_end(ops_stack: Op
 
 
 def test_the_key_table_names_every_key() -> None:
-    """Each key as voxroom/keys.py builds it, with the table's placeholders for its arguments."""
+    """Each key as voxroom/store/keys.py builds it, with the table's placeholders for its arguments."""
     table = "\n".join(line for line in OPERATIONS.read_text().splitlines() if line.startswith("| `vx:"))
     built = [keys.JOBS, keys.ROOMS, keys.room_output("room"), keys.worker_heartbeat("{id}"),
              keys.worker_wake("{id}"), keys.gateway_wake("{id}", "api"), keys.gateway_wake("{id}", "{n}"),

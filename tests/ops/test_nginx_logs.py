@@ -18,7 +18,7 @@ import websockets
 
 from tests.ops.conftest import OpsStack
 from tests.ops.test_nginx import running_nginx
-from tests.ops.tls_edge import make_certificates, running_tls_nginx
+from tests.support.tls_edge import make_certificates, running_tls_nginx
 
 
 def _markers() -> dict[str, str]:

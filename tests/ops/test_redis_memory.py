@@ -21,8 +21,8 @@ from redis.asyncio import Redis
 from tests.ops.conftest import OpsStack
 from tests.support.processes import ROOT
 from tests.support.room_client import RoomClient
-from voxroom import keys
-from voxroom.protocol import ROOM_RATE
+from voxroom.store import keys
+from voxroom.wire.protocol import ROOM_RATE
 from voxroom.store.redis_config import SERVER_ARGS, STREAM_NODE_MAX_BYTES
 
 PCM_PER_SLICE = ROOM_RATE * 40 // 1000 * 2

@@ -26,7 +26,7 @@ import httpx
 import pytest
 
 from tests.support.processes import ROOT, Proc, wait_http
-from voxroom.redis_server import free_port
+from voxroom.store.server import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from tests.support.processes import Proc, base_env
-from voxroom.redis_server import free_port
+from voxroom.store.server import free_port
 
 EXIT_WITHIN_S = 10.0
 """Generous for a shared CI machine; the worker takes well under 2 s here (see the report in the log)."""
@@ -38,7 +38,7 @@ def silent_redis() -> Iterator[int]:
 
 
 def start(redis_port: int, logs: Path, metrics_port: int) -> Proc:
-    return Proc([sys.executable, "-m", "voxroom", "worker", "--engine", "offline", "--contexts", "1"],
+    return Proc([sys.executable, "-m", "voxroom_cli", "worker", "--engine", "offline", "--contexts", "1"],
                 base_env(f"redis://127.0.0.1:{redis_port}/0", VOXROOM_WORKER_METRICS_PORT=str(metrics_port)),
                 logs / f"worker-{time.monotonic_ns()}.log")
 

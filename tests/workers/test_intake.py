@@ -251,14 +251,16 @@ async def test_room_keys_get_the_idle_ttl_and_the_worker_registers(r: Redis, raw
 
 async def test_the_output_stream_keeps_the_resume_window_not_a_count(r: Redis, raw: Redis, stores: Stores) -> None:
     # Trimmed by time (XADD MINID ~): entries older than the window go, whole stream nodes at a time.
+    # A room's (a private speech room is trimmed by its gateway instead: tests/api/test_speech_slow_reader.py).
     worker = await start(stores, r, make_pool(), resume_window_ms=1000)
     try:
-        room = "_api-window"
-        await add_jobs(r, [(room, LINE)] * 4)
-        await wait_ends(raw, {room: 4}, 30)
+        room = "window"
+        short = "A short line."  # about a second of audio: the room is paced, played in real time
+        await add_jobs(r, [(room, short)] * 4)
+        await wait_ends(raw, {room: 4}, 60)
         written = await r.xlen(keys.room_output(room))
         await asyncio.sleep(1.5)
-        await add_jobs(r, [(room, LINE)])
+        await add_jobs(r, [(room, short)])
         deadline = time.monotonic() + 30
         while True:
             out = await read_out(raw, room)
@@ -266,8 +268,9 @@ async def test_the_output_stream_keeps_the_resume_window_not_a_count(r: Redis, r
                 break
             assert time.monotonic() < deadline, "line 5 did not end"
             await asyncio.sleep(0.05)
-        assert len(out) < written, (len(out), written)
-        assert out[0].seq > 1, "the first line's entries are gone"
+        # Older than the window when line 5 began: lines 1 to 4. Trimming drops whole stream nodes
+        # (64 KiB, about 16 entries: voxroom/store/redis_config.py), so the tail of line 4 may stay.
+        assert written >= 4 * 4 and out[0].seq >= 4, (written, out[:3])
         last = [e for e in out if e.seq == 5]
         assert [e.chunk for e in last if e.kind == "chunk"] == list(range(last[-1].chunks)), "the new line whole"
     finally:

@@ -45,7 +45,7 @@ CONNECTIONS_REFUSED = Counter("voxroom_connections_refused",
                               "WebSockets closed at once, by close code (1008 policy, 1012 draining, 1013 full).",
                               ["code"], registry=REGISTRY)
 HANDSHAKES_REFUSED = Counter("voxroom_handshakes_refused",
-                             "Connections closed before their request reached the app (app/handshake.py): "
+                             "Connections closed before their request reached the app (app/room/handshake.py): "
                              "headers_timeout, uri_too_long (414), headers_too_large (431), bad_request (400).",
                              ["reason"], registry=REGISTRY)
 

@@ -23,7 +23,7 @@ log = logging.getLogger("voxroom.worker")
 
 T = TypeVar("T")
 CONTEXT_THREAD_PREFIX = "vx-"
-"""workers/context.py names its one thread ``vx-{context}``: engine loads and synthesis run there."""
+"""workers/pool/context.py names its one thread ``vx-{context}``: engine loads and synthesis run there."""
 
 
 async def unless_stopped(work: Awaitable[T], stopping: asyncio.Event) -> tuple[bool, T | None]:
