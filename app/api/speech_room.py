@@ -30,7 +30,6 @@ from typing import Any, Final, Literal, NamedTuple
 import numpy as np
 from prometheus_client import Gauge
 from redis.exceptions import RedisError
-from voxroom.voices.text_split import split_text
 
 from app.api.speech_takes import Takes
 from app.room.address_slots import AddressSlots
@@ -38,6 +37,7 @@ from voxroom.errors import ResponseCut, StreamGap
 from voxroom.runtime import metrics
 from voxroom.store import keys
 from voxroom.store.interface import Commands, Ingress, StreamWatch
+from voxroom.voices.text_split import split_text
 from voxroom.wire.output_entries import control_from_entry, slice_frames
 from voxroom.wire.protocol import MAX_TEXT_CHARS, ROOM_RATE, AudioFrame
 
