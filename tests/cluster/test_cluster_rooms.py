@@ -31,6 +31,7 @@ from tests.cluster.test_cluster_reads import private_cluster  # noqa: F401 (a fi
 from tests.support.cluster import RedisClusterProcs
 from tests.support.processes import ROOT, Proc, base_env, start_gateway, start_worker
 from tests.support.room_client import RoomClient
+from voxroom.runtime.settings import Settings
 from voxroom.store import keys
 from voxroom.wire.protocol import ROOM_RATE
 
