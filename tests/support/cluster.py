@@ -161,6 +161,32 @@ def replicas_streaming(cluster: RedisClusterProcs, *, timeout_s: float = 15.0) -
                     raise TimeoutError(f"the replica of {port} acknowledged nothing in {timeout_s} s")
 
 
+@contextlib.contextmanager
+def killable_cluster(prefix: str = "voxroom-cluster-kill-", timeout_s: float = 30.0) -> Iterator[RedisClusterProcs]:
+    """A cluster of the caller's own, ready for a primary to die: every replica finished its first
+    sync (a replica that never did may not be promoted: its data counts as too old, and the
+    cluster says ok before that) and streams (:func:`replicas_streaming`)."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        cluster = RedisClusterProcs(Path(tmp))
+        try:
+            cluster.start()
+            deadline = time.monotonic() + timeout_s
+            while not all(_synced(n) for n in cluster.nodes):
+                if time.monotonic() > deadline:
+                    raise TimeoutError("replicas not in sync")
+                time.sleep(0.1)
+            replicas_streaming(cluster, timeout_s=timeout_s)
+            yield cluster
+        finally:
+            cluster.stop()
+
+
+def _synced(node: ClusterNode) -> bool:
+    with node.client() as r:
+        info = r.info("replication")
+    return bool(info["role"] == "master" or info.get("master_link_status") == "up")
+
+
 @dataclass
 class TlsClusterNode(ClusterNode):
     tls: TlsFiles
