@@ -24,9 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.support.cluster import killable_cluster  # noqa: E402
-from tests.support.failover import FailoverRun, run_primary_kill  # noqa: E402
-from voxroom.runtime.settings import Settings  # noqa: E402
+from tests.support.cluster import killable_cluster
+from tests.support.failover import FailoverRun, run_primary_kill
+from voxroom.runtime.settings import Settings
 
 
 async def one(lines: int, kill: bool) -> FailoverRun:

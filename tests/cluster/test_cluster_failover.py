@@ -44,7 +44,8 @@ def _assert_every_line_heard_once(room: RoomRun) -> None:
 
 def _report(run: FailoverRun) -> str:
     """What a failure shows: per room, what its speaker was told and the longest silence."""
-    return "\n".join(f"{r.room} on {r.holder}{' (victim)' if r.holder == run.victim else ''}: "
+    promotion = f"promotion {((run.promoted_ms or 0) - (run.killed_ms or 0)) / 1000:.1f} s after the kill\n"
+    return promotion + "\n".join(f"{r.room} on {r.holder}{' (victim)' if r.holder == run.victim else ''}: "
                      f"unavailable {len(r.replies('error', 'unavailable'))}, "
                      f"longest silence after the kill {r.longest_silence_ms(run.killed_ms or 0):.0f} ms"
                      for r in run.rooms)

@@ -205,6 +205,54 @@ async def test_the_next_line_hands_a_lost_line_first(calls: ClusterCalls, ingres
     assert_once_in_order(await jobs_of(calls, rooms), LINES)
 
 
+async def _lose_hand_offs_after(calls: ClusterCalls, room: str, mark: RoomMark, kept: int) -> None:
+    """What a failover of the shard's primary leaves when its replica had received the room's
+    hand-offs up to ``kept`` only, while the room's own primary (another one) recorded the later
+    ones as handed: the shard without their jobs, its high-water mark at ``kept``."""
+    shard = keys.job_shard(mark.shard, SHARDS)
+    for entry_id, fields in await calls.call("XRANGE", shard, "-", "+"):
+        if fields["room"] == room and int(fields["seq"]) > kept:
+            await calls.call("XDEL", shard, entry_id)
+    await calls.call("HSET", keys.job_shard_handed(mark.shard, SHARDS), room, f"{mark.epoch}:{kept}")
+
+
+async def test_a_line_a_failover_took_from_its_shard_is_handed_again_by_the_next_line(
+        calls: ClusterCalls, ingress: ClusterIngress) -> None:
+    """Issue 32: the room's :state said line 3 was handed, its shard (on another primary, failed
+    over) had lost it. Before, line 4 was handed on top (the shard's mark jumped past 3) and the
+    room waited ``order_wait_ms`` (30 s) for a line no worker would ever read, then skipped it.
+    The shard refuses to move its mark over a gap, and the gap is handed first."""
+    rooms = new_rooms("lost", 4)
+    for room in rooms:
+        for seq in (1, 2, 3):
+            assert (await ingress.say(room, "alice", seq, f"{room} line {seq}", "narrator")).status == "accepted"
+        _, mark = await ingress.mark(room)
+        assert mark is not None and mark.handed == 3
+        await _lose_hand_offs_after(calls, room, mark, kept=2)
+        assert (await ingress.say(room, "alice", 4, f"{room} line 4", "narrator")).status == "accepted"
+    assert_once_in_order(await jobs_of(calls, rooms), LINES)
+
+
+async def test_a_line_a_failover_took_from_its_shard_is_handed_again_by_the_sweeper(
+        calls: ClusterCalls, handoffs: Callable[[], ClusterIngress]) -> None:
+    """The same loss in a room that says nothing more: its turn stays at a line no shard holds,
+    and the sweeper, finding the turn unmoved, reads the shard's mark and hands the line again."""
+    handoff = handoffs()
+    rooms = new_rooms("stuck", 4)
+    for room in rooms:
+        for seq in range(1, LINES + 1):
+            assert (await handoff.say(room, "alice", seq, f"{room} line {seq}", "narrator")).status == "accepted"
+        _, mark = await handoff.mark(room)
+        assert mark is not None
+        await _lose_hand_offs_after(calls, room, mark, kept=LINES - 2)
+    sweeper = Sweeper(handoffs(), "gw-a", stuck_s=0.0)
+    await sweeper.sweep_once(grace_ms=0)  # sees each room's turn: not stuck yet
+    assert all(len(jobs) == LINES - 2 for jobs in (await jobs_of(calls, rooms)).values())
+    await sweeper.sweep_once(grace_ms=0)  # the turns did not move: the shards are read
+    assert_once_in_order(await jobs_of(calls, rooms), LINES)
+    assert await sweeper.sweep_once(grace_ms=0) == 0  # nothing lacks any more
+
+
 # -- the worker's side ---------------------------------------------------------------------------
 
 

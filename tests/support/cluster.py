@@ -69,7 +69,8 @@ class RedisClusterProcs:
             # cluster-port: the bus port would be port + 10000 otherwise, which nobody checked is free.
             args = [self.executable, *self._port_args(port), "--cluster-port", str(bus), "--bind", "127.0.0.1",
                     "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf",
-                    "--cluster-node-timeout", "5000", "--dir", str(self.data_dir), "--save", "",
+                    "--cluster-node-timeout", "5000", "--cluster-require-full-coverage", "no",
+                    "--dir", str(self.data_dir), "--save", "",
                     "--appendonly", "no", "--protected-mode", "no"]
             # The server's own log: to a file, never a pipe nobody reads (it would fill and block it).
             args += ["--logfile", str(self.data_dir / f"redis-{port}.log")]

@@ -48,9 +48,9 @@ class RoomRun:
         return [m for m in self.speaker.of(kind) if code is None or m.get("code") == code]
 
     def frame_gaps_ms(self, since_ms: float = 0.0) -> list[tuple[float, float]]:
-        """``(at_ms, gap_ms)`` between consecutive audio frames the listener got after ``since_ms``
-        (wall clock): the room's silences as its listener heard them."""
-        times = [t for t in self.listener.frame_times if t >= since_ms]
+        """``(at_ms, gap_ms)``: the room's silences after ``since_ms`` (wall clock) as its listener
+        heard them, each the time since the previous audio frame (or since ``since_ms``)."""
+        times = [since_ms, *(t for t in self.listener.frame_times if t > since_ms)]
         return [(b, b - a) for a, b in zip(times, times[1:], strict=False)]
 
     def longest_silence_ms(self, since_ms: float = 0.0) -> float:
