@@ -56,6 +56,9 @@ async def readyz(request: Request) -> Response:
     503 naming what is not, within the ping's timeout even while Redis is cut off. Says nothing
     of where Redis is (anyone may ask)."""
     state: GatewayState = request.app.state.voxroom
+    if state.hub.cutoff.cut:  # no ping needed to know, and none that could hang
+        return JSONResponse({"status": "redis unreachable", "for_s": round(state.hub.cutoff.seconds(), 1)},
+                            status_code=503)
     try:
         await state.store.ping()
     except Exception as exc:  # any failure to reach Redis means not ready

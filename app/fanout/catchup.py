@@ -60,17 +60,20 @@ def _send(client: ClientConnection, items: list[str | bytes]) -> None:
             client.send_text(item)
 
 
-async def catch_up(hub: RoomHub, client: ClientConnection, point: ResumePoint) -> None:
-    """Feed ``client`` from ``point`` until it is live (or closed). Redis outages are waited out;
-    anything else closes the connection (the client reconnects and resumes again)."""
+async def catch_up(hub: RoomHub, client: ClientConnection, point: ResumePoint | None, *,
+                   at: str | None = None) -> None:
+    """Feed ``client`` from ``point`` (or from the entry ``at``, when its position is known: a
+    live client of a room whose reads were cut off) until it is live (or closed). Redis outages
+    are waited out; anything else closes the connection (the client reconnects and resumes)."""
     key = keys.room_output(client.room)
     backoff = Backoff()
-    position: str | None = None
+    position: str | None = at
     replayed = 0
     try:
         while not client.closed:
             try:
                 if position is None:
+                    assert point is not None, "a catch-up starts from a point or at an entry"
                     position, rest = await find_position(hub, key, point, client.codec)
                     _send(client, rest)  # before anything after the position (a few slices at most)
                 cursor = hub.cursor(client.room)
@@ -80,7 +83,7 @@ async def catch_up(hub: RoomHub, client: ClientConnection, point: ResumePoint) -
                     # No await since the cursor was read: the reader cannot have moved it.
                     if hub.go_live(client, cursor):
                         log.info("client %s in room %s resumed after %s: %d entries replayed, now live",
-                                 client.client_id, client.room, point, replayed)
+                                 client.client_id, client.room, point or at, replayed)
                     return
                 if stream_id(position) > stream_id(cursor):
                     await hub.advanced(WAIT_READER_S)

@@ -29,6 +29,7 @@ from typing import Any
 
 from app.fanout import catchup
 from app.fanout.connection import ClientConnection
+from app.fanout.cutoff import CutOff
 from app.fanout.entries import control, fields
 from app.fanout.resume import ResumePoint, held_slices, stop_here
 from voxroom.runtime import metrics
@@ -58,8 +59,9 @@ class RoomHub:
         self.control: Commands = store.commands(decode=False)
         """Joins', leaves' and catch-ups' commands (bytes replies: entries carry audio), pipelined
         on one connection (one per node on a cluster)."""
-        self.source = store.fanout(self.control, self.supervisor, gateway_id, deliver=self._deliver,
-                                   pulse=self.pulse, rooms_per_reader=rooms_per_reader)
+        self.cutoff = CutOff()
+        """Whether this gateway can read Redis at all (a partition): logged, counted, told /readyz."""
+        self.source = store.fanout(self.control, self.supervisor, gateway_id, self, rooms_per_reader=rooms_per_reader)
         self.rooms: dict[str, set[ClientConnection]] = {}
         """Room -> its live clients (may be empty while all its clients are catching up)."""
         self.catching: dict[str, set[ClientConnection]] = {}
@@ -112,8 +114,8 @@ class RoomHub:
         self.catching[room].add(client)
         self._start_catchup(client, resume)
 
-    def _start_catchup(self, client: ClientConnection, resume: ResumePoint) -> None:
-        task = asyncio.create_task(catchup.catch_up(self, client, resume),
+    def _start_catchup(self, client: ClientConnection, resume: ResumePoint | None, *, at: str | None = None) -> None:
+        task = asyncio.create_task(catchup.catch_up(self, client, resume, at=at),
                                    name=f"room:{client.room}:client:{client.client_id}:catchup")
         self._catchups[client] = task
         task.add_done_callback(lambda t: self._catchup_done(client, t))
@@ -213,8 +215,31 @@ class RoomHub:
                 except REDIS_DOWN as exc:
                     log.warning("could not refresh opus demand: %s", exc)
 
-    def _deliver(self, room: str, entries: list[Any]) -> None:
+    # -- what the fan-out source tells the hub (voxroom.store.interface.FanoutEvents) -------------
+
+    def deliver(self, room: str, entries: list[Any]) -> None:
         self.dispatch(room, [(entry_id, fields(flat)) for entry_id, flat in entries])
+
+    def resync(self, room: str, cursor: str) -> None:
+        """The room's reads come back after a cut-off: what follows ``cursor`` waited in Redis.
+        Pushed into each live client's bounded queue at once, the oldest audio would be dropped
+        (16 lines cut to their tails in the partition test); instead each live client becomes a
+        catching-up one from ``cursor``, fed from Redis at the pace it drains, then live again,
+        exactly as a client resuming with ``?resume=`` (app/fanout/catchup.py)."""
+        live = self.rooms.get(room)
+        if not live:
+            return
+        self.catching[room] |= live
+        for client in live:
+            self._start_catchup(client, None, at=cursor)
+        self.cutoff.resynced += len(live)
+        live.clear()
+
+    def unreachable(self, error: BaseException) -> None:
+        self.cutoff.failed(error)
+
+    def reachable(self) -> None:
+        self.cutoff.succeeded()
 
     def dispatch(self, room: str, entries: list[Any]) -> None:
         members = self.rooms.get(room)

@@ -60,7 +60,7 @@ async def store_line(msg: protocol.Say, conn: ClientConnection, state: GatewaySt
             {"type": "accepted", "seq": msg.seq, "utterance": outcome.utterance}))
     elif outcome.status == "duplicate":
         raise ProtocolError(ErrorCode.DUPLICATE,
-                            f"seq {msg.seq} already accepted (last {outcome.utterance}); ignored", seq=msg.seq)
+                            f"seq {msg.seq} already stored (last {outcome.utterance}); ignored", seq=msg.seq)
     else:
         backlog = outcome.utterance
         raise ProtocolError(ErrorCode.BUSY, f"room has {backlog} utterances waiting; retry later",

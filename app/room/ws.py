@@ -113,9 +113,11 @@ def _resume_point(websocket: WebSocket) -> tuple[ResumePoint | None, str | None]
 
 
 async def _close(websocket: WebSocket, code: int, reason: str) -> None:
-    """Close with ``code``. A client that is already gone is no error (starlette raises
-    WebSocketDisconnect then, which would reach uvicorn as a logged traceback)."""
-    with contextlib.suppress(WebSocketDisconnect):
+    """Close with ``code``. A client that is already gone is no error: starlette raises
+    WebSocketDisconnect then, and uvicorn a RuntimeError when it closed the connection itself
+    meanwhile (a later frame past its 64 KiB limit, a keepalive timeout: seen in the fuzz run);
+    either would reach uvicorn as a logged traceback, which a hostile client could repeat."""
+    with contextlib.suppress(WebSocketDisconnect, RuntimeError):
         await websocket.close(code, reason)
 
 

@@ -181,7 +181,7 @@ async def test_the_speech_api_leaves_no_index_entry(cache_stack: CacheStack,
 
     def private_entries() -> set[str]:
         with RedisCluster.from_url(redis_cluster.url, socket_timeout=5, decode_responses=True) as rc:
-            return {room for k in range(shards) for room in rc.zrange(keys.rooms_shard(k), 0, -1)
+            return {room for k in range(shards) for room in rc.zrange(keys.rooms_shard(k, shards), 0, -1)
                     if room.startswith(keys.PRIVATE_ROOM_PREFIX)}
 
     before = private_entries()  # other tests' rooms, if any

@@ -100,7 +100,7 @@ async def jobs_of(calls: ClusterCalls, rooms: list[str]) -> dict[str, list[tuple
     wanted = set(rooms)
     found: dict[str, list[tuple[int, int, str]]] = {room: [] for room in rooms}
     for shard in range(SHARDS):
-        for _entry_id, fields in await calls.call("XRANGE", keys.job_shard(shard), "-", "+"):
+        for _entry_id, fields in await calls.call("XRANGE", keys.job_shard(shard, SHARDS), "-", "+"):
             if fields["room"] in wanted:
                 found[fields["room"]].append((shard, int(fields["seq"]), fields["text"]))
     return found
@@ -128,7 +128,7 @@ async def test_lines_in_rooms_on_every_primary_are_handed_once_in_order(
     rooms = new_rooms("spread", 24)
     assert {primary_of(redis_cluster, keys.room_state(r)) for r in rooms} == {
         n.port for n in redis_cluster.primaries()}
-    assert {primary_of(redis_cluster, keys.job_shard(k)) for k in range(SHARDS)} == {
+    assert {primary_of(redis_cluster, keys.job_shard(k, SHARDS)) for k in range(SHARDS)} == {
         n.port for n in redis_cluster.primaries()}
 
     async def speak(room: str) -> None:
@@ -147,7 +147,7 @@ async def test_lines_in_rooms_on_every_primary_are_handed_once_in_order(
         utt = await calls.call("XRANGE", keys.room_utterances(room), "-", "+")
         assert [int(f["seq"]) for _, f in utt] == list(range(1, LINES + 1))
         assert all("prev_voice" in f for _, f in utt)
-        assert await calls.call("ZSCORE", keys.rooms_shard(keys.shard_of(room, SHARDS)), room) is not None
+        assert await calls.call("ZSCORE", keys.rooms_shard(keys.shard_of(room, SHARDS), SHARDS), room) is not None
         assert await calls.call("EXISTS", keys.JOBS) == 0  # no global job stream on a cluster
 
 
@@ -203,6 +203,54 @@ async def test_the_next_line_hands_a_lost_line_first(calls: ClusterCalls, ingres
         for seq in (3, 4):
             assert (await ingress.say(room, "alice", seq, f"{room} line {seq}", "narrator")).status == "accepted"
     assert_once_in_order(await jobs_of(calls, rooms), LINES)
+
+
+async def _lose_hand_offs_after(calls: ClusterCalls, room: str, mark: RoomMark, kept: int) -> None:
+    """What a failover of the shard's primary leaves when its replica had received the room's
+    hand-offs up to ``kept`` only, while the room's own primary (another one) recorded the later
+    ones as handed: the shard without their jobs, its high-water mark at ``kept``."""
+    shard = keys.job_shard(mark.shard, SHARDS)
+    for entry_id, fields in await calls.call("XRANGE", shard, "-", "+"):
+        if fields["room"] == room and int(fields["seq"]) > kept:
+            await calls.call("XDEL", shard, entry_id)
+    await calls.call("HSET", keys.job_shard_handed(mark.shard, SHARDS), room, f"{mark.epoch}:{kept}")
+
+
+async def test_a_line_a_failover_took_from_its_shard_is_handed_again_by_the_next_line(
+        calls: ClusterCalls, ingress: ClusterIngress) -> None:
+    """Issue 32: the room's :state said line 3 was handed, its shard (on another primary, failed
+    over) had lost it. Before, line 4 was handed on top (the shard's mark jumped past 3) and the
+    room waited ``order_wait_ms`` (30 s) for a line no worker would ever read, then skipped it.
+    The shard refuses to move its mark over a gap, and the gap is handed first."""
+    rooms = new_rooms("lost", 4)
+    for room in rooms:
+        for seq in (1, 2, 3):
+            assert (await ingress.say(room, "alice", seq, f"{room} line {seq}", "narrator")).status == "accepted"
+        _, mark = await ingress.mark(room)
+        assert mark is not None and mark.handed == 3
+        await _lose_hand_offs_after(calls, room, mark, kept=2)
+        assert (await ingress.say(room, "alice", 4, f"{room} line 4", "narrator")).status == "accepted"
+    assert_once_in_order(await jobs_of(calls, rooms), LINES)
+
+
+async def test_a_line_a_failover_took_from_its_shard_is_handed_again_by_the_sweeper(
+        calls: ClusterCalls, handoffs: Callable[[], ClusterIngress]) -> None:
+    """The same loss in a room that says nothing more: its turn stays at a line no shard holds,
+    and the sweeper, finding the turn unmoved, reads the shard's mark and hands the line again."""
+    handoff = handoffs()
+    rooms = new_rooms("stuck", 4)
+    for room in rooms:
+        for seq in range(1, LINES + 1):
+            assert (await handoff.say(room, "alice", seq, f"{room} line {seq}", "narrator")).status == "accepted"
+        _, mark = await handoff.mark(room)
+        assert mark is not None
+        await _lose_hand_offs_after(calls, room, mark, kept=LINES - 2)
+    sweeper = Sweeper(handoffs(), "gw-a", stuck_s=0.0)
+    await sweeper.sweep_once(grace_ms=0)  # sees each room's turn: not stuck yet
+    assert all(len(jobs) == LINES - 2 for jobs in (await jobs_of(calls, rooms)).values())
+    await sweeper.sweep_once(grace_ms=0)  # the turns did not move: the shards are read
+    assert_once_in_order(await jobs_of(calls, rooms), LINES)
+    assert await sweeper.sweep_once(grace_ms=0) == 0  # nothing lacks any more
 
 
 # -- the worker's side ---------------------------------------------------------------------------
@@ -291,7 +339,7 @@ async def test_a_worker_that_lost_its_job_writes_nothing_more(calls: ClusterCall
     assert state["next"] == "2" and "owner:1" not in state
     _, stream_id = adopted.entry_id.split("/")
     assert not await calls.call("EVAL", "return redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)",
-                                1, keys.job_shard(keys.shard_of(room, SHARDS)), keys.JOBS_GROUP, stream_id)
+                                1, keys.job_shard(keys.shard_of(room, SHARDS), SHARDS), keys.JOBS_GROUP, stream_id)
 
 
 async def test_a_line_handed_twice_is_spoken_by_one_job(calls: ClusterCalls, ingress: ClusterIngress,
@@ -302,17 +350,17 @@ async def test_a_line_handed_twice_is_spoken_by_one_job(calls: ClusterCalls, ing
     mark, line = await accept_only(ingress, room, 1)
     assert await ingress.hand(room, mark, line)
     # The shard's mark lost (its primary failed over before replicating it): handed again.
-    await calls.call("HDEL", keys.job_shard_handed(mark.shard), room)
+    await calls.call("HDEL", keys.job_shard_handed(mark.shard, SHARDS), room)
     assert await ingress.hand(room, mark, line)
     first = await drain(a, 1)
     second = await drain(b, 1)
     assert [(j.room, j.seq) for j in first + second] == [(room, 1)]  # the other was acked unread
     # One job of the two is pending (the one being spoken), the other was acked.
-    ids = [entry_id for entry_id, f in await calls.call("XRANGE", keys.job_shard(mark.shard), "-", "+")
+    ids = [entry_id for entry_id, f in await calls.call("XRANGE", keys.job_shard(mark.shard, SHARDS), "-", "+")
            if f["room"] == room]
     assert len(ids) == 2
     pending = [await calls.call("EVAL", "return redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)",
-                                1, keys.job_shard(mark.shard), keys.JOBS_GROUP, entry_id) for entry_id in ids]
+                                1, keys.job_shard(mark.shard, SHARDS), keys.JOBS_GROUP, entry_id) for entry_id in ids]
     assert sum(1 for p in pending if p) == 1
 
 
@@ -377,9 +425,9 @@ async def test_a_worker_speaks_lines_of_rooms_on_every_shard(redis_cluster: Redi
         assert (end[b"status"], int(end[b"chunks"])) == (b"ok", len(chunks))
     spoken = set(rooms)
     for shard in range(SHARDS):  # every job of these rooms acked
-        for entry_id, fields in await calls.call("XRANGE", keys.job_shard(shard), "-", "+"):
+        for entry_id, fields in await calls.call("XRANGE", keys.job_shard(shard, SHARDS), "-", "+"):
             if fields["room"] in spoken:
                 assert not await calls.call(
                     "EVAL", "return redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)", 1,
-                    keys.job_shard(shard), keys.JOBS_GROUP, entry_id), (shard, fields["room"])
+                    keys.job_shard(shard, SHARDS), keys.JOBS_GROUP, entry_id), (shard, fields["room"])
     await raw.aclose()

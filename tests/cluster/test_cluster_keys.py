@@ -148,7 +148,7 @@ async def test_every_script_touches_one_room_slot_besides_the_global_keys(
 def _write_room(rc: RedisCluster, room: str, text: str) -> None:
     """A room as the say script and a worker leave it (the fields voxroom rooms reads)."""
     now_ms = int(time.time() * 1000)
-    rc.zadd(keys.rooms_shard(keys.shard_of(room, 12)), {room: now_ms})  # the index shard, as the gateway
+    rc.zadd(keys.rooms_shard(keys.shard_of(room, 12), 12), {room: now_ms})  # the index shard, as the gateway
     rc.set(keys.room_seq(room), 1, ex=600)
     rc.hset(keys.room_state(room), mapping={"next": 2, "end_ms": now_ms, "voice": "en-joe"})
     rc.expire(keys.room_state(room), 600)

@@ -12,11 +12,9 @@ import asyncio
 import contextlib
 import os
 import signal
-import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -27,7 +25,7 @@ from starlette.websockets import WebSocket
 from app.fanout.connection import ClientConnection
 from app.fanout.hub import RoomHub
 from app.room.identity import ClientClaims
-from tests.support.cluster import ClusterNode, RedisClusterProcs
+from tests.support.cluster import ClusterNode, RedisClusterProcs, killable_cluster
 from tests.support.waiting import until
 from voxroom.runtime.supervisor import Supervisor
 from voxroom.store import keys
@@ -171,10 +169,11 @@ async def test_hub_reads_rooms_on_every_primary_in_order(redis_cluster: RedisClu
     rooms = _rooms_on_every_primary(redis_cluster, per_node=3)
     async with _hub(redis_cluster.url) as (hub, fanout), _pipe(redis_cluster.url) as pipe:
         listeners = [_listener(room) for room in rooms]
-        # Nine joins in one loop turn: their tail reads travel in one batch per node.
+        # Nine joins in one loop turn: their tail reads travel in one batch per node (on a busy
+        # machine a node's batch may leave before the last join of the turn is in: two then).
         await asyncio.gather(*(hub.join(c) for c in listeners))
         assert isinstance(hub.control, ClusterAutoPipeline)
-        assert hub.control.batches_sent == len(redis_cluster.primaries())
+        assert len(redis_cluster.primaries()) <= hub.control.batches_sent <= 2 * len(redis_cluster.primaries())
         appenders = [Appender(pipe, room) for room in rooms]
         await asyncio.gather(*(a.run(40, 0.002) for a in appenders))
         for client, appender in zip(listeners, appenders, strict=True):
@@ -283,34 +282,9 @@ async def test_a_graceful_failover_moves_the_room_without_a_gap(redis_cluster: R
 @pytest.fixture
 def private_cluster() -> Iterator[RedisClusterProcs]:
     """A cluster of this test's own: it kills a primary."""
-    with tempfile.TemporaryDirectory(prefix="voxroom-cluster-kill-") as tmp:
-        cluster = RedisClusterProcs(Path(tmp))
-        try:
-            cluster.start()
-            # A replica that never finished its first sync may not be promoted (its data counts as
-            # too old): the cluster says ok before that (diskless sync waits 5 s for more replicas).
-            deadline = time.monotonic() + DEADLINE_S
-            while not all(_synced(n) for n in cluster.nodes):
-                assert time.monotonic() < deadline, "replicas not in sync"
-                time.sleep(0.1)
-            # And streaming: after a diskless sync the primary sends nothing more until the
-            # replica's first REPLCONF ACK (up to 1 s later); a primary killed in that second
-            # loses every write since. WAIT returns once the replica acknowledged a write.
-            for node in cluster.primaries():
-                with node.client() as r:
-                    mine = min(_own_slots(r))
-                    key = next(k for i in range(1_000_000) if key_slot((k := f"sync-{i}").encode()) == mine)
-                    r.set(key, 1)
-                    assert r.wait(1, int(DEADLINE_S * 1000)) == 1, "a replica never acknowledged"
-            yield cluster
-        finally:
-            cluster.stop()
+    with killable_cluster(timeout_s=DEADLINE_S) as cluster:
+        yield cluster
 
-
-def _synced(node: ClusterNode) -> bool:
-    with node.client() as r:
-        info = r.info("replication")
-    return info["role"] == "master" or info.get("master_link_status") == "up"
 
 
 @pytest.mark.timeout(180)

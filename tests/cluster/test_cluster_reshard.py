@@ -2,12 +2,11 @@
 gateways and workers.
 
 On a cluster of its own (the reshard changes the slot layout the shared cluster's tests assume):
-2 gateway and 2 worker processes (``--engine synthetic``); several rooms whose slots are among the
-lowest slots of one primary, each saying a sequence of lines (the speaker on gateway A, a listener
-on gateway B and one on gateway A). While they speak, ``redis-cli --cluster reshard`` moves that
-primary's lowest slots to another primary: the rooms' slots, three job shards (``{j5}``, ``{j1}``,
-``{j9}``) and three index shards (``{r1}``, ``{r5}``, ``{r9}``) among them. Half the rooms hand
-their lines to a moving job shard.
+2 gateway and 2 worker processes (``--engine synthetic``); several rooms each saying a sequence of
+lines (the speaker on gateway A, a listener on gateway B and one on gateway A). While they speak,
+``redis-cli --cluster reshard`` moves one primary's lowest slots to another primary: two job shards
+(``{j0}``, ``{j1}``) and two index shards among them, which every room hands its lines to. Half the
+rooms' own slots move with their shard; the other half stay (only their shard moves).
 
 During a slot's migration a script whose keys are split between the source and the target (or
 that names a key that does not exist yet) is answered ``TRYAGAIN``, a single key ``ASK``: the
@@ -44,11 +43,12 @@ from voxroom.store.cluster.calls import ClusterCalls
 from voxroom.store.cluster.pipeline import ClusterAutoPipeline
 
 JOB_SHARDS = 12
-"""The default ``VOXROOM_JOB_SHARDS``: the shard tags whose slots are below :data:`MOVED_SLOTS`."""
+"""The default ``VOXROOM_JOB_SHARDS``: shard k's keys lie in the k-th twelfth of the slots, with
+the rooms it serves (keys.shard_tag)."""
 MOVED_SLOTS = 2400
 """How many of the source's lowest slots move: with ``redis-cli --cluster create``'s layout the
-first primary holds 0-5460, so slots 0-2399 hold job shards 5, 1, 9 (slots 535, 659, 923) and
-index shards 1, 5, 9 (2121, 2253, 2369)."""
+first primary holds 0-5460, so slots 0-2399 hold job shards 0 and 1 (slots 383, 2110) and index
+shards 0 and 1 (1114, 2121): the rooms of slots 0-2730 hand their lines to a shard that moves."""
 ROOMS = 4
 MAX_LINES = 40
 """A speaker says lines until the reshard is over, then 2 more: at most this many."""
@@ -69,8 +69,9 @@ def _source(cluster: RedisClusterProcs) -> tuple[ClusterNode, list[int]]:
 
 
 def _rooms_in(slots: list[int], moving_shards: set[int]) -> list[str]:
-    """:data:`ROOMS` rooms in ``slots``, spread over them (so they move at different moments of the
-    reshard), every other one handing its lines to a shard in ``moving_shards``."""
+    """:data:`ROOMS` rooms handing their lines to a shard in ``moving_shards``: every other one in
+    ``slots``, spread over them (so they move at different moments of the reshard, with their
+    shard), the others outside them (only their shard moves)."""
     tag = uuid.uuid4().hex[:6]
     bands = [slots[i * len(slots) // ROOMS:(i + 1) * len(slots) // ROOMS] for i in range(ROOMS)]
     rooms: list[str] = []
@@ -81,7 +82,8 @@ def _rooms_in(slots: list[int], moving_shards: set[int]) -> list[str]:
             room = f"rs-{tag}-{i}"
             i += 1
             slot = key_slot(keys.room_state(room).encode())
-            if lo <= slot <= hi and (keys.shard_of(room, JOB_SHARDS) in moving_shards) == (n % 2 == 0):
+            inside = lo <= slot <= hi if n % 2 == 0 else slot not in slots
+            if inside and keys.shard_of(room, JOB_SHARDS) in moving_shards:
                 rooms.append(room)
                 break
     return rooms
@@ -211,8 +213,8 @@ async def test_a_shard_read_blocked_when_its_slot_moves_reads_on(own_cluster: Re
     cluster = own_cluster
     source, owned = _source(cluster)
     target = next(n for n in cluster.primaries() if n.port != source.port)
-    shard = next(k for k in range(JOB_SHARDS) if key_slot(keys.job_shard(k).encode()) in owned[MOVED_SLOTS:])
-    stream = keys.job_shard(shard)
+    shard = next(k for k in range(JOB_SHARDS) if key_slot(keys.job_shard(k, JOB_SHARDS).encode()) in owned[MOVED_SLOTS:])
+    stream = keys.job_shard(shard, JOB_SHARDS)
     slot = key_slot(stream.encode())
     calls = ClusterCalls(cluster_client(cluster.url, decode_responses=True))
     jobs = await stores.bus(cluster.url, "c-reshard", job_shards=JOB_SHARDS)
@@ -243,9 +245,9 @@ async def test_redis_cli_reshard_of_busy_rooms_loses_nothing(own_cluster: RedisC
     moving = owned[:MOVED_SLOTS]
     assert moving == list(range(MOVED_SLOTS)), "redis-cli --cluster create gave another layout"
     target = next(n for n in cluster.primaries() if n.port != source.port)
-    moving_shards = {k for k in range(JOB_SHARDS) if key_slot(keys.job_shard(k).encode()) < MOVED_SLOTS}
-    moving_index = {k for k in range(JOB_SHARDS) if key_slot(keys.rooms_shard(k).encode()) < MOVED_SLOTS}
-    assert moving_shards == moving_index == {1, 5, 9}
+    moving_shards = {k for k in range(JOB_SHARDS) if key_slot(keys.job_shard(k, JOB_SHARDS).encode()) < MOVED_SLOTS}
+    moving_index = {k for k in range(JOB_SHARDS) if key_slot(keys.rooms_shard(k, JOB_SHARDS).encode()) < MOVED_SLOTS}
+    assert moving_shards == moving_index == {0, 1}
     rooms = _rooms_in(moving, moving_shards)
     others = [n for n in cluster.nodes if n.port not in (source.port, target.port)]
     procs: list[Proc] = []
@@ -331,23 +333,24 @@ async def test_redis_cli_reshard_of_busy_rooms_loses_nothing(own_cluster: RedisC
         assert "Moving slot" in out, out[-2000:]
         with RedisCluster(host="127.0.0.1", port=target.port, socket_timeout=5, decode_responses=True) as rc:
             for room in rooms:
-                assert _holder_port(cluster, keys.room_state(room)) == target.port
                 slot = key_slot(keys.room_state(room).encode())
-                with target.client() as t, source.client() as s:
+                now, before = (target, source) if slot in moving else (source, target)
+                assert _holder_port(cluster, keys.room_state(room)) == now.port
+                with now.client() as t, before.client() as s:
                     assert int(t.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot)) >= 3
                     assert int(s.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot)) == 0
                 state = rc.hgetall(keys.room_state(room))
                 assert int(state["next"]) == said[room] + 1 and int(state["handed"]) == said[room], state
                 assert not [f for f in state if f.startswith("owner:")], state
                 shard = int(state["shard"])
-                jobs = [f for _, f in rc.xrange(keys.job_shard(shard)) if f.get("room") == room]
+                jobs = [f for _, f in rc.xrange(keys.job_shard(shard, JOB_SHARDS)) if f.get("room") == room]
                 assert [int(f["seq"]) for f in jobs] == list(range(1, said[room] + 1)), (room, jobs)
-                pending = rc.xpending(keys.job_shard(shard), keys.JOBS_GROUP)
+                pending = rc.xpending(keys.job_shard(shard, JOB_SHARDS), keys.JOBS_GROUP)
                 assert pending["pending"] == 0, (shard, pending)
-                assert rc.zscore(keys.rooms_shard(keys.shard_of(room, JOB_SHARDS)), room) is not None
+                assert rc.zscore(keys.rooms_shard(keys.shard_of(room, JOB_SHARDS), JOB_SHARDS), room) is not None
             for k in moving_shards:
-                assert _holder_port(cluster, keys.job_shard(k)) == target.port
-                assert _holder_port(cluster, keys.rooms_shard(k)) == target.port
+                assert _holder_port(cluster, keys.job_shard(k, JOB_SHARDS)) == target.port
+                assert _holder_port(cluster, keys.rooms_shard(k, JOB_SHARDS)) == target.port
     finally:
         for proc in procs:
             proc.stop()

@@ -44,7 +44,7 @@ async def _take_lines(bus: FencedJobBus, calls: ClusterCalls, rooms: list[str]) 
         for job in old:
             await bus.ack(job)
     for room in rooms:
-        await calls.call("XADD", keys.job_shard(keys.shard_of(room, SHARDS)), "*", "room", room, "seq", 1,
+        await calls.call("XADD", keys.job_shard(keys.shard_of(room, SHARDS), SHARDS), "*", "room", room, "seq", 1,
                                "text", "Line 1.", "voice", "en-joe", "prev_voice", "en-joe", "sender", "tester",
                                "time", 0)
     got: list[Job] = []

@@ -196,3 +196,23 @@ def test_the_turn_fence_and_the_skip_are_the_same_in_both_modes(dbs: tuple[redis
     assert single.hgetall(keys.room_state("skipped")) == cluster.hgetall(keys.room_state("skipped")) == {
         "next": "5", "started": "1"}
     assert single.xpending(keys.JOBS, keys.JOBS_GROUP)["pending"] == 0  # released: acked
+
+
+def test_a_line_never_stored_is_stored_when_resent_after_a_later_one_in_both_modes(
+        dbs: tuple[redis.Redis, redis.Redis]) -> None:
+    """``duplicate`` means stored: seq 2 was refused (it never reached Redis) while 3 was stored;
+    resent, 2 is stored (after 3: the room's one order) and only then a duplicate; 1 and 3, stored,
+    are duplicates; a seq skipped more than ``GAPS_KEPT`` below the last counts as stored."""
+    single, cluster = dbs
+    room = "resent"
+    sequence = [(1, 1), (3, 1), (2, 1), (2, 0), (1, 0), (3, 0), (100, 1), (50, 0), (90, 1), (90, 0)]
+    for r, say_it in ((single, _say_single), (cluster, _say_cluster)):
+        got = [say_it(r, room, _argv(room, seq, f"Line {seq}.", "a", 5000 + i))[0]
+               for i, (seq, _) in enumerate(sequence)]
+        assert got == [status for _, status in sequence], r
+    # The room heard each stored seq once, in the order stored.
+    assert [int(e["client_seq"]) for e in _entries(single, keys.room_utterances(room))] == [1, 3, 2, 100, 90]
+    assert [int(e["client_seq"]) for e in _entries(cluster, keys.room_utterances(room))] == [1, 3, 2, 100, 90]
+    assert single.hgetall(keys.room_senders(room)) == cluster.hgetall(keys.room_senders(room))
+    gaps = single.hget(keys.room_senders(room), "alice|gaps")
+    assert gaps is not None and sorted(map(int, gaps.split())) == [n for n in range(69, 100) if n != 90]

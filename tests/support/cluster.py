@@ -69,7 +69,8 @@ class RedisClusterProcs:
             # cluster-port: the bus port would be port + 10000 otherwise, which nobody checked is free.
             args = [self.executable, *self._port_args(port), "--cluster-port", str(bus), "--bind", "127.0.0.1",
                     "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf",
-                    "--cluster-node-timeout", "5000", "--dir", str(self.data_dir), "--save", "",
+                    "--cluster-node-timeout", "5000", "--cluster-require-full-coverage", "no",
+                    "--dir", str(self.data_dir), "--save", "",
                     "--appendonly", "no", "--protected-mode", "no"]
             # The server's own log: to a file, never a pipe nobody reads (it would fill and block it).
             args += ["--logfile", str(self.data_dir / f"redis-{port}.log")]
@@ -159,6 +160,32 @@ def replicas_streaming(cluster: RedisClusterProcs, *, timeout_s: float = 15.0) -
             while int(r.execute_command("WAIT", 1, 200)) < 1:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"the replica of {port} acknowledged nothing in {timeout_s} s")
+
+
+@contextlib.contextmanager
+def killable_cluster(prefix: str = "voxroom-cluster-kill-", timeout_s: float = 30.0) -> Iterator[RedisClusterProcs]:
+    """A cluster of the caller's own, ready for a primary to die: every replica finished its first
+    sync (a replica that never did may not be promoted: its data counts as too old, and the
+    cluster says ok before that) and streams (:func:`replicas_streaming`)."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        cluster = RedisClusterProcs(Path(tmp))
+        try:
+            cluster.start()
+            deadline = time.monotonic() + timeout_s
+            while not all(_synced(n) for n in cluster.nodes):
+                if time.monotonic() > deadline:
+                    raise TimeoutError("replicas not in sync")
+                time.sleep(0.1)
+            replicas_streaming(cluster, timeout_s=timeout_s)
+            yield cluster
+        finally:
+            cluster.stop()
+
+
+def _synced(node: ClusterNode) -> bool:
+    with node.client() as r:
+        info = r.info("replication")
+    return bool(info["role"] == "master" or info.get("master_link_status") == "up")
 
 
 @dataclass

@@ -66,6 +66,12 @@ class TlsRedis:
     tls_port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
 
+    def __post_init__(self) -> None:
+        # Two free ports asked for one after the other can be the same one (the first was released
+        # before the second was asked for): redis-server then exits, unable to bind it twice.
+        while self.tls_port == self.port:
+            self.tls_port = free_port()
+
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"

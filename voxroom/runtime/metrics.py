@@ -49,6 +49,16 @@ HANDSHAKES_REFUSED = Counter("voxroom_handshakes_refused",
                              "headers_timeout, uri_too_long (414), headers_too_large (431), bad_request (400).",
                              ["reason"], registry=REGISTRY)
 
+REDIS_CUTOFFS = Counter("voxroom_redis_cutoffs",
+                        "Times this gateway could not read Redis at all for a second or more (a partition, "
+                        "Redis down): app/fanout/cutoff.py.", registry=REGISTRY)
+REDIS_CUTOFF_SECONDS = Histogram("voxroom_redis_cutoff_seconds",
+                                 "How long each cut-off from Redis lasted, from its first failed read to the "
+                                 "first read back.", buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600),
+                                 registry=REGISTRY)
+REDIS_CUTOFF_RESYNCED = Counter("voxroom_redis_cutoff_resynced",
+                                "Live listeners replayed what they missed, at their own pace, after a cut-off "
+                                "from Redis (instead of a burst into their bounded queues).", registry=REGISTRY)
 LOOP_UP = Gauge("voxroom_loop_up", "1 while a supervised background loop runs, 0 between its failure and restart "
                 "(voxroom/runtime/supervisor.py).", ["process", "loop"], registry=REGISTRY)
 LOOP_RESTARTS = Counter("voxroom_loop_restarts", "Restarts of a supervised background loop after it failed.",

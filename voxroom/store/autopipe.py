@@ -57,6 +57,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import DataError, OutOfMemoryError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from voxroom.store.backoff import CONNECT_TIMEOUT_S
 from voxroom.store.clients import POOL_MAX_CONNECTIONS, POOL_WAIT_S
 from voxroom.store.interface import Command
 
@@ -359,7 +360,8 @@ class _Wire:
         transport: asyncio.Transport | None = None
         loop = asyncio.get_running_loop()
         try:
-            async with asyncio.timeout(self.kwargs.get("socket_connect_timeout") or self.timeout_s):
+            async with asyncio.timeout(self.kwargs.get("socket_connect_timeout") or
+                                       min(self.timeout_s, CONNECT_TIMEOUT_S)):
                 if self.kwargs.get("path"):
                     transport, _ = await loop.create_unix_connection(
                         lambda: _WireProtocol(self), self.kwargs["path"])

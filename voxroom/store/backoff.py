@@ -23,6 +23,22 @@ REDIS_DOWN: tuple[type[BaseException], ...] = (
 ``MasterDownError`` a ``ClusterDownError``): caught by retry loops, nothing else is."""
 
 
+READ_DEADLINE_S = 1.0
+"""A blocked read's reply is awaited this long past its ``BLOCK`` (and a command's past nothing)
+before its connection counts as dead (``voxroom/store/autopipe.py`` then reads once more for
+``GRACE_READ_S``). A connection whose packets are dropped (a partition, no RST) is given up within
+seconds, never after a long socket timeout: the read starts again on a new connection at once."""
+
+CONNECT_TIMEOUT_S = 1.0
+"""A new connection to Redis that has not completed in this long fails (and is tried again): on a
+partition the SYN is dropped, and a longer wait would only delay the first read after the heal."""
+
+RECONNECT_CAP_S = 1.0
+"""The longest pause of the loops that block on a read (the hub's readers, the stream watchers, the
+worker's intake) between two tries while Redis is unavailable: with :data:`CONNECT_TIMEOUT_S` a
+healed partition is read again within about two seconds (docs/reliability.md)."""
+
+
 class Backoff:
     __slots__ = ("cap", "delay", "first")
 

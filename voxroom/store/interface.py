@@ -104,10 +104,34 @@ class Ingress(Protocol):
     async def aclose(self) -> None: ...
 
 
-Deliver = Callable[[str, list[Any]], None]
-"""``deliver(room, entries)``: a room's new output entries, raw (``[[id, [field, value, ...]],
-...]``), in order; called with the room's cursor already moved past them and nothing awaited
-since, so a caller comparing a position with :meth:`FanoutSource.cursor` sees a consistent pair."""
+class FanoutEvents(Protocol):
+    """What a fan-out source tells the hub that owns it (app/fanout/hub.py). Called from the
+    source's loops, synchronously: none of these may await."""
+
+    def deliver(self, room: str, entries: list[Any]) -> None:
+        """A room's new output entries, raw (``[[id, [field, value, ...]], ...]``), in order; called
+        with the room's cursor already moved past them and nothing awaited since, so a caller
+        comparing a position with :meth:`FanoutSource.cursor` sees a consistent pair."""
+        ...
+
+    def pulse(self) -> None:
+        """A batch of reads was delivered (catch-ups waiting for a cursor to move look again)."""
+        ...
+
+    def resync(self, room: str, cursor: str) -> None:
+        """The room's reads were cut off (Redis unreachable from here) and are back: what comes
+        next after ``cursor`` (the last entry delivered) may be a backlog, not live audio. Called
+        before it is delivered: the hub turns the room's live clients into catching-up ones from
+        ``cursor``, paced to what each drains, as resuming clients are."""
+        ...
+
+    def unreachable(self, error: BaseException) -> None:
+        """The source's reads fail: Redis cannot be reached from here (called at every failure)."""
+        ...
+
+    def reachable(self) -> None:
+        """A read succeeded (called after every successful read: cheap)."""
+        ...
 
 
 class FanoutSource(Protocol):
@@ -309,10 +333,10 @@ class Store(Protocol):
 
     def ingress(self, options: IngressOptions) -> Ingress: ...
 
-    def fanout(self, control: Commands, supervisor: Supervisor, gateway_id: str, *, deliver: Deliver,
-               pulse: Callable[[], None], rooms_per_reader: int = 200) -> FanoutSource:
+    def fanout(self, control: Commands, supervisor: Supervisor, gateway_id: str, events: FanoutEvents, *,
+               rooms_per_reader: int = 200) -> FanoutSource:
         """``control``: the hub's own pipeline (bytes replies), for wakes and reads that do not
-        block; ``pulse()`` is called after each batch delivered."""
+        block; ``events``: the hub, told what was read and when reads fail."""
         ...
 
     def watcher(self, wake_key: str, control: Commands) -> StreamWatch:

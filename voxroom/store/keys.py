@@ -53,6 +53,9 @@ are deleted when it ends and are not room listings' business.
 
 from __future__ import annotations
 
+import functools
+import itertools
+
 PREFIX = "vx"
 JOBS = f"{PREFIX}:jobs"
 JOBS_GROUP = "workers"
@@ -164,38 +167,70 @@ def room_client_claim(room: str, client: str) -> str:
 # -- Redis Cluster: job shards and room index shards (docs/cluster.md, "Jobs without a cross-slot
 # write"). Used only when the gateway and the worker run on a cluster; a single instance keeps
 # ``vx:jobs`` and ``vx:rooms``.
+#
+# Placed by the room's own hash slot: shard ``k`` of ``n`` holds the rooms whose slot lies in the
+# k-th n-th of the 16384 slots, and its keys carry a hash tag chosen to fall in that same range
+# (``j3``, or ``j3.5`` where ``j3`` hashes elsewhere). A cluster's primaries hold contiguous slot
+# ranges (``redis-cli --cluster create`` makes them so), so a room's job shard and index shard
+# lie on the room's own primary: one primary failing refuses only the rooms it holds
+# (docs/cluster.md, "Failover"). The rooms of a slot at the very edge of a primary's range may
+# have their shard on the neighbour (one slot of 16384 per edge, with ``job_shards`` a multiple of
+# the primaries).
 
-def job_shard(shard: int) -> str:
-    """stream: one of the job shards (``vx:jobs:{j3}``), consumer group ``workers``; replaces
-    ``vx:jobs`` on a cluster. A room's lines all go to one shard (its ``shard`` in ``:state``)."""
-    return f"{PREFIX}:jobs:{{j{shard}}}"
+SLOTS = 16384
 
 
-def job_shard_handed(shard: int) -> str:
+def room_slot(room: str) -> int:
+    """The Redis Cluster hash slot of every key of ``room`` (CRC16 XMODEM of its hash tag)."""
+    import binascii
+
+    return binascii.crc_hqx(room.encode(), 0) % SLOTS
+
+
+def shard_of(room: str, shards: int) -> int:
+    """The shard of ``room`` among ``shards``: the part of the slot range its slot lies in."""
+    return room_slot(room) * shards // SLOTS
+
+
+@functools.lru_cache(maxsize=1024)
+def shard_tag(prefix: str, shard: int, shards: int) -> str:
+    """The hash tag of shard ``shard`` of ``shards``: ``<prefix><shard>``, or the first
+    ``<prefix><shard>.<n>`` whose slot lies in the shard's own range of room slots."""
+    import binascii
+
+    low, high = -(-shard * SLOTS // shards), -(-(shard + 1) * SLOTS // shards)
+    for n in itertools.count():
+        tag = f"{prefix}{shard}" if n == 0 else f"{prefix}{shard}.{n}"
+        if low <= binascii.crc_hqx(tag.encode(), 0) % SLOTS < high:
+            return tag
+    raise AssertionError("unreachable")
+
+
+def job_shard(shard: int, shards: int) -> str:
+    """stream: one of the job shards (``vx:jobs:{j3}``, the tag as :func:`shard_tag`), consumer
+    group ``workers``; replaces ``vx:jobs`` on a cluster. A room's lines all go to one shard (its
+    ``shard`` in ``:state``)."""
+    return f"{PREFIX}:jobs:{{{shard_tag('j', shard, shards)}}}"
+
+
+def job_shard_handed(shard: int, shards: int) -> str:
     """hash: room -> ``epoch:seq``, the highest line of the room added to the shard (the hand-off's
     high-water mark, in the shard's slot)."""
-    return f"{PREFIX}:jobs:{{j{shard}}}:handed"
+    return f"{job_shard(shard, shards)}:handed"
 
 
-def job_shard_handed_at(shard: int) -> str:
+def job_shard_handed_at(shard: int, shards: int) -> str:
     """zset: room -> time (ms) of its last hand-off to the shard; the sweeper drops the
     high-water marks of rooms idle past the room TTL."""
-    return f"{PREFIX}:jobs:{{j{shard}}}:handed_at"
+    return f"{job_shard(shard, shards)}:handed_at"
 
 
-def rooms_shard(shard: int) -> str:
-    """zset: room -> last activity (ms), the rooms of one index shard (``vx:rooms:{r3}``): what
-    ``vx:rooms`` is on a cluster, and where the sweeper finds rooms to look at."""
-    return f"{PREFIX}:rooms:{{r{shard}}}"
+def rooms_shard(shard: int, shards: int) -> str:
+    """zset: room -> last activity (ms), the rooms of one index shard (``vx:rooms:{r3}``, the tag as
+    :func:`shard_tag`): what ``vx:rooms`` is on a cluster, and where the sweeper finds rooms."""
+    return f"{PREFIX}:rooms:{{{shard_tag('r', shard, shards)}}}"
 
 
 def room_sweep_lease(room: str) -> str:
     """string (gateway id), short TTL: the gateway sweeping the room's hand-offs now."""
     return f"{PREFIX}:room:{{{room}}}:sweep"
-
-
-def shard_of(room: str, shards: int) -> int:
-    """The shard of ``room`` among ``shards``: CRC16 (XMODEM, Redis Cluster's) of its id."""
-    import binascii
-
-    return binascii.crc_hqx(room.encode(), 0) % shards

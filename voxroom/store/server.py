@@ -44,7 +44,8 @@ class RedisServer:
     ``data_dir`` (used by the restart tests); the default keeps everything in memory only."""
 
     def __init__(self, *, port: int | None = None, data_dir: str | None = None, persist: bool = False,
-                 fsync: str = "everysec", executable: str | None = None) -> None:
+                 fsync: str = "everysec", executable: str | None = None, also_bind: tuple[str, ...] = ()) -> None:
+        """``also_bind``: addresses to listen on besides 127.0.0.1 (the tests' network namespaces)."""
         self.port = port or free_port()
         self.executable = executable or find_redis_server()
         self._tmp = None if data_dir else tempfile.TemporaryDirectory(prefix="voxroom-redis-")
@@ -54,15 +55,16 @@ class RedisServer:
         """``always`` makes every acknowledged write survive a crash (tests); ``everysec`` may lose
         the last second (Redis's default, and voxroom's compose file)."""
         self.process: subprocess.Popen[bytes] | None = None
+        self.also_bind = also_bind
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> RedisServer:
-        args = [self.executable, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.data_dir,
-                "--save", "", "--appendonly", "yes" if self.persist else "no", "--protected-mode", "no",
-                "--maxclients", "20000", *SERVER_ARGS]
+        args = [self.executable, "--port", str(self.port), "--bind", "127.0.0.1", *self.also_bind,
+                "--dir", self.data_dir, "--save", "", "--appendonly", "yes" if self.persist else "no",
+                "--protected-mode", "no", "--maxclients", "20000", *SERVER_ARGS]
         if self.persist:
             args += ["--appendfsync", self.fsync]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

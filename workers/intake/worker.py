@@ -46,7 +46,7 @@ from voxroom.runtime.gc_tuning import freeze_startup_objects
 from voxroom.runtime.metrics import context_fields
 from voxroom.runtime.supervisor import Supervisor
 from voxroom.store import keys
-from voxroom.store.backoff import REDIS_DOWN, Backoff
+from voxroom.store.backoff import RECONNECT_CAP_S, REDIS_DOWN, Backoff
 from voxroom.store.interface import Store
 from voxroom.voices.catalog import Catalog
 from voxroom.wire.jobs import Job
@@ -214,7 +214,7 @@ class Worker:
         blocked reads for as many jobs as fit. Only this loop submits to the pool, so what it
         computed as free is still free when the jobs arrive."""
         loop = asyncio.get_running_loop()
-        backoff = Backoff()
+        backoff = Backoff(cap=RECONNECT_CAP_S)
         claim_every = self.claim_idle_ms / 2000.0
         next_claim = loop.time() + claim_every
         need_group = False

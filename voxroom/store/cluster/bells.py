@@ -53,7 +53,7 @@ from redis.exceptions import AskError, ResponseError
 
 from voxroom.runtime.supervisor import Supervisor
 from voxroom.store import keys
-from voxroom.store.backoff import REDIS_DOWN, Backoff
+from voxroom.store.backoff import READ_DEADLINE_S, REDIS_DOWN, Backoff
 from voxroom.store.cluster.slots import ClusterReads
 
 log = logging.getLogger("voxroom.gateway.bells")
@@ -63,7 +63,7 @@ CLIENT_NAME = "vx-gw-bells"
 PING_EVERY_S = 2.0
 """A connection with nothing to send pings this often; no reply within :data:`REPLY_GRACE_S`
 after that: lost (a node gone silent, not closed)."""
-REPLY_GRACE_S = 5.0
+REPLY_GRACE_S = READ_DEADLINE_S
 MOVED_PAUSE_S = 0.05
 """Before the map is read again for rooms a node no longer serves (``MOVED``, a pushed
 ``sunsubscribe``): the node asked for it may lag a moment, and the rooms of one migrated slot

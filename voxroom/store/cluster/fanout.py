@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
@@ -33,7 +32,7 @@ from voxroom.store.backoff import REDIS_DOWN
 from voxroom.store.cluster.bells import ClusterBells
 from voxroom.store.cluster.slots import ClusterReads
 from voxroom.store.entry_ids import entry_id_str
-from voxroom.store.interface import Commands, Deliver
+from voxroom.store.interface import Commands, FanoutEvents
 
 log = logging.getLogger("voxroom.gateway.hub")
 
@@ -47,17 +46,17 @@ class ClusterFanout:
     """:class:`voxroom.store.interface.FanoutSource` on a cluster: each room read when its bell
     rings and at every sweep. ``control``: the hub's per-node autopipeline (bytes replies)."""
 
-    def __init__(self, cluster: RedisCluster, reads: ClusterReads, control: Commands, supervisor: Supervisor, *,
-                 deliver: Deliver, pulse: Callable[[], None], count: int = READ_COUNT,
-                 sweep_s: float = SWEEP_S) -> None:
+    def __init__(self, cluster: RedisCluster, reads: ClusterReads, control: Commands, supervisor: Supervisor,
+                 events: FanoutEvents, *, count: int = READ_COUNT, sweep_s: float = SWEEP_S) -> None:
         self.control = control
         self.supervisor = supervisor
         self.cursors: dict[str, str] = {}
         """Room -> id of the last entry delivered (or its tail when added)."""
         self.count = count
         self.sweep_s = sweep_s
-        self._deliver = deliver
-        self._pulse = pulse
+        self.events = events
+        self._cut_off: set[str] = set()
+        """Rooms whose last read failed (Redis unreachable from here): their next read is a backlog."""
         self.bells = ClusterBells(cluster, reads, supervisor, self.ring)
         self._reading: dict[str, asyncio.Task[None]] = {}
         """Room -> its read in flight (at most one)."""
@@ -81,6 +80,7 @@ class ClusterFanout:
     async def remove(self, room: str) -> None:
         """Stop hearing ``room``; its read in flight is cancelled, nothing of it is kept."""
         self.cursors.pop(room, None)
+        self._cut_off.discard(room)
         self.bells.remove(room)
         self._again.discard(room)
         task = self._reading.pop(room, None)
@@ -107,20 +107,29 @@ class ClusterFanout:
                     return
                 resp: Any = await self.control.call("XREAD", "COUNT", self.count, "STREAMS", key, cursor)
                 self.reads += 1
+                self.events.reachable()
                 if self.cursors.get(room) != cursor:
                     continue  # the room left (and maybe joined again) meanwhile: from its cursor now
                 full = False
                 if resp:
                     for _stream, entries in resp:
                         if entries:
+                            if room in self._cut_off:
+                                # Waited in Redis while this gateway could not read the room: the
+                                # hub replays them to each client at its own pace first.
+                                self.events.resync(room, cursor)
                             self.cursors[room] = entry_id_str(entries[-1][0])
-                            self._deliver(room, entries)
+                            self.events.deliver(room, entries)
                         full = len(entries) >= self.count
-                    self._pulse()
+                    self.events.pulse()
+                self._cut_off.discard(room)
                 if not full and room not in self._again:
                     return
         except REDIS_DOWN as exc:  # the sweep reads it again
             log.debug("room %s not read (%s); the sweep reads it again", room, exc)
+            if room in self.cursors:
+                self._cut_off.add(room)
+            self.events.unreachable(exc)
         except Exception:
             log.exception("reading room %s failed; the sweep reads it again", room)
         finally:

@@ -63,12 +63,23 @@ class Line:
         return float(pairs.get("time", 0))
 
 
+class ShardGap(Exception):
+    """The room's job shard holds its lines up to :attr:`held` only, below the line being handed:
+    a failover of the shard's primary lost hand-offs the room's ``:state`` recorded."""
+
+    def __init__(self, held: int) -> None:
+        super().__init__(f"the shard holds the room's lines up to {held}")
+        self.held = held
+
+
 @dataclass(frozen=True, slots=True)
 class RoomMark:
     """Where a room's hand-off stands (from its ``:state``)."""
     epoch: str
     handed: int
     shard: int
+    next: int = 1
+    """The room's turn: the line it plays (or waits for) now (read by :meth:`ClusterIngress.mark`)."""
 
 
 class ClusterIngress:
@@ -113,7 +124,7 @@ class ClusterIngress:
             return
         if len(self._indexed) >= _INDEXED_MAX:
             self._indexed.clear()  # forgetting costs one ZADD per room
-        await self.calls.call("ZADD", keys.rooms_shard(keys.shard_of(room, self.shards)), now_ms, room)
+        await self.calls.call("ZADD", keys.rooms_shard(keys.shard_of(room, self.shards), self.shards), now_ms, room)
         self._indexed[room] = now
 
     # -- step 1 ----------------------------------------------------------------------------------
@@ -174,7 +185,11 @@ class ClusterIngress:
     async def _hand_off(self, room: str, mark: RoomMark, line: Line) -> None:
         try:
             if mark.handed == line.seq - 1:
-                await self.hand(room, mark, line)
+                try:
+                    await self.hand(room, mark, line)
+                except ShardGap as gap:
+                    await self._hand_again(room, mark, gap.held, line.seq)
+                    return
                 await self.record(room, mark, line.seq)
             else:
                 await self.catch_up(room, mark, line.seq)
@@ -186,13 +201,18 @@ class ClusterIngress:
 
     # -- steps 2 and 3 ---------------------------------------------------------------------------
 
-    async def hand(self, room: str, mark: RoomMark, line: Line) -> bool:
-        """Add ``line``'s job to the room's shard unless the shard has it. ``True``: added now."""
+    async def hand(self, room: str, mark: RoomMark, line: Line, *, floor: int | None = None) -> bool:
+        """Add ``line``'s job to the room's shard unless the shard has it. ``True``: added now.
+        ``floor``: the lines at or below it need not be in the shard (they played; by default
+        those below the room's turn). Raises :class:`ShardGap` when the shard lacks lines between
+        the floor and this one (lost in a failover of its primary)."""
         shard = mark.shard
-        added = await self.calls.call(
-            "EVAL", handoff.HAND, 3, keys.job_shard(shard), keys.job_shard_handed(shard),
-            keys.job_shard_handed_at(shard),
-            room, line.seq, mark.epoch, self.jobs_maxlen, int(time.time() * 1000), *line.fields)
+        added = int(await self.calls.call(
+            "EVAL", handoff.HAND, 3, keys.job_shard(shard, self.shards), keys.job_shard_handed(shard, self.shards),
+            keys.job_shard_handed_at(shard, self.shards), room, line.seq, mark.epoch, self.jobs_maxlen,
+            int(time.time() * 1000), mark.next - 1 if floor is None else floor, *line.fields))
+        if added < 0:
+            raise ShardGap(-1 - added)
         if added:
             self.handed += 1
         return bool(added)
@@ -204,12 +224,23 @@ class ClusterIngress:
     async def mark(self, room: str) -> tuple[int, RoomMark | None]:
         """The room's last seq and its hand-off mark (``None``: no ``:state`` epoch, a room
         from a single-instance gateway or one whose ``:state`` expired)."""
-        seq, (epoch, handed, shard) = await asyncio.gather(
+        seq, (epoch, handed, shard, turn) = await asyncio.gather(
             self.calls.call("GET", keys.room_seq(room)),
-            self.calls.call("HMGET", keys.room_state(room), "epoch", "handed", "shard"))
+            self.calls.call("HMGET", keys.room_state(room), "epoch", "handed", "shard", "next"))
         if epoch is None or shard is None:
             return int(seq or 0), None
-        return int(seq or 0), RoomMark(str(epoch), int(handed or 0), int(shard))
+        return int(seq or 0), RoomMark(str(epoch), int(handed or 0), int(shard), int(turn or 1))
+
+    async def shard_mark(self, room: str, mark: RoomMark) -> int:
+        """The last line of ``room`` its job shard holds by the shard's own high-water mark (0:
+        none of this epoch). Below ``mark.handed`` only when the shard lost jobs its room recorded
+        as handed: a failover of the shard's primary, when it is not the room's (the replica
+        promoted had not received the last hand-offs, the room's primary had their records)."""
+        held = await self.calls.call("HGET", keys.job_shard_handed(mark.shard, self.shards), room)
+        if held is None:
+            return 0
+        epoch, _, seq = str(held).rpartition(":")
+        return int(seq) if epoch == mark.epoch else 0
 
     async def catch_up(self, room: str, mark: RoomMark, upto: int, *, older_than_ms: float | None = None) -> int:
         """Hand every line of ``room`` with ``mark.handed < seq <= upto``, in order, from ``:utt``,
@@ -217,14 +248,31 @@ class ClusterIngress:
         that time (the sweeper leaves young lines to the gateway accepting them). A line missing
         from ``:utt`` (trimmed, or lost in a failover) can never come back: it is passed over, and
         the worker's turn wait skips it. Returns the lines now known to be in the shard."""
-        if upto <= mark.handed:
+        try:
+            return await self._hand_in_order(room, mark, mark.handed, upto, older_than_ms)
+        except ShardGap as gap:
+            return await self._hand_again(room, mark, gap.held, upto, older_than_ms)
+
+    async def _hand_again(self, room: str, mark: RoomMark, held: int, upto: int,
+                          older_than_ms: float | None = None) -> int:
+        """The shard holds the room's lines up to ``held`` only: hand every later line the room
+        has not played yet, up to ``upto``, again."""
+        _, fresh = await self.mark(room)
+        floor = max(held, (fresh or mark).next - 1)
+        log.warning("room %s: job shard %d holds its lines up to %d only (hand-offs lost in a failover); "
+                    "handing %d to %d again", room, mark.shard, held, floor + 1, upto)
+        return await self._hand_in_order(room, mark, floor, upto, older_than_ms)
+
+    async def _hand_in_order(self, room: str, mark: RoomMark, after: int, upto: int,
+                             older_than_ms: float | None) -> int:
+        if upto <= after:
             return 0
-        lines = await self.lines_after(room, mark.handed, upto)
+        lines = await self.lines_after(room, after, upto)
         done = 0
         for line in lines:
             if older_than_ms is not None and line.time_ms() > older_than_ms:
                 break
-            await self.hand(room, mark, line)
+            await self.hand(room, mark, line, floor=after)
             await self.record(room, mark, line.seq)
             done += 1
         else:

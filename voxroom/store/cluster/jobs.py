@@ -36,12 +36,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from typing import Any
 
 from redis.exceptions import ResponseError
 
 from voxroom.store import keys
+from voxroom.store.backoff import REDIS_DOWN
 from voxroom.store.cluster.calls import ClusterCalls
 from voxroom.store.cluster.pipeline import ClusterAutoPipeline
 from voxroom.store.interface import Fence
@@ -52,6 +54,8 @@ from voxroom.wire.jobs import Job
 log = logging.getLogger("voxroom.worker.shards")
 
 SCRIPTS = RoomScripts(CLUSTER)
+SHARD_RETRY_S = 1.0
+"""A shard whose node did not answer is left out of reads, claims and refreshes this long."""
 
 
 def split_entry(entry_id: str) -> tuple[int, str]:
@@ -88,6 +92,9 @@ class ClusterJobQueue:
         """Shard -> its blocked read, kept across calls until it answers."""
         self._tokens: dict[str, str] = {}
         """Entry id -> the owner token this worker wrote for it."""
+        self._down: dict[int, float] = {}
+        """Shard -> when (monotonic) it may be asked again after its node failed to answer."""
+        self._last_error: BaseException | None = None
 
     # -- groups and reads ------------------------------------------------------------------------
 
@@ -95,13 +102,14 @@ class ClusterJobQueue:
         """The shards' consumer groups. Raises ``RuntimeError`` when a shard's node is older than
         Redis 7.0: the room scripts ring the room's bell with ``SPUBLISH`` (docs/cluster.md)."""
         for shard in range(self.shards):
-            got = await self.calls.call("EVAL", jobs.VERSION, 1, keys.job_shard(shard))
+            stream = keys.job_shard(shard, self.shards)
+            got = await self.calls.call("EVAL", jobs.VERSION, 1, stream)
             version = got.decode() if isinstance(got, bytes) else str(got or "")
             if not version or int(version.split(".")[0]) < 7:
                 raise RuntimeError(f"Redis Cluster mode needs Redis 7.0 or later (sharded pub/sub); the node of "
-                                   f"{keys.job_shard(shard)} runs {version or 'an older one'} (docs/cluster.md)")
+                                   f"{stream} runs {version or 'an older one'} (docs/cluster.md)")
             try:
-                await self.calls.call("XGROUP", "CREATE", keys.job_shard(shard), keys.JOBS_GROUP, "0", "MKSTREAM")
+                await self.calls.call("XGROUP", "CREATE", stream, keys.JOBS_GROUP, "0", "MKSTREAM")
             except ResponseError as exc:
                 if "BUSYGROUP" not in str(exc):
                     raise
@@ -122,39 +130,76 @@ class ClusterJobQueue:
             got = await self._block(count, block_ms)
         return await self._take_all(got)
 
+    # -- shards whose node cannot answer ------------------------------------------------------------
+    # One primary down (a failover under way, a partition) must not stall the reads, claims and
+    # refreshes of the shards on the others: a shard that fails is left out for SHARD_RETRY_S and
+    # the others are served meanwhile; only when every shard fails does the caller back off.
+
+    def _live(self, shard: int) -> bool:
+        return self._down.get(shard, 0.0) <= time.monotonic()
+
+    def _failed(self, shard: int, exc: BaseException) -> None:
+        if self._live(shard):
+            log.warning("jobs: shard %d unavailable (%s); the other shards are read meanwhile", shard, exc)
+        self._down[shard] = time.monotonic() + SHARD_RETRY_S
+        self._last_error = exc
+
+    def _all_down(self) -> None:
+        """Raise the last shard's error when no shard can be read now (the intake backs off)."""
+        if self._last_error is not None and not any(self._live(s) for s in range(self.shards)):
+            raise self._last_error
+
     async def _poll(self, count: int) -> list[tuple[Job, int]]:
         got: list[tuple[Job, int]] = []
         first = self._first
         self._first = (first + 1) % self.shards
         for i in range(self.shards):
             shard = (first + i) % self.shards
-            if shard in self._blocked or len(got) >= count:
+            if shard in self._blocked or len(got) >= count or not self._live(shard):
                 continue
-            got += [(job, 1) for job in await self._read(shard, count - len(got), None)]
+            try:
+                got += [(job, 1) for job in await self._read(shard, count - len(got), None)]
+            except REDIS_DOWN as exc:
+                self._failed(shard, exc)
+        if not got:
+            self._all_down()
         return got
 
     async def _block(self, count: int, block_ms: int) -> list[tuple[Job, int]]:
         for shard in range(self.shards):
-            if shard not in self._blocked:
+            if shard not in self._blocked and self._live(shard):
                 self._blocked[shard] = asyncio.create_task(self._read(shard, 1, block_ms),
                                                            name=f"jobs:read:{shard}")
-        await asyncio.wait(set(self._blocked.values()), timeout=block_ms / 1000.0 + 0.5,
-                           return_when=asyncio.FIRST_COMPLETED)
-        return self._harvest(count)
+        if self._blocked:
+            await asyncio.wait(set(self._blocked.values()), timeout=block_ms / 1000.0 + 0.5,
+                               return_when=asyncio.FIRST_COMPLETED)
+        else:  # every shard left out for now: wait for the first to be due again
+            await asyncio.sleep(min(block_ms / 1000.0, SHARD_RETRY_S))
+        got = self._harvest(count)
+        if not got:
+            self._all_down()
+        return got
 
     def _harvest(self, count: int) -> list[tuple[Job, int]]:
-        """The answers of the blocked reads that came back; beyond ``count``, held."""
+        """The answers of the blocked reads that came back; beyond ``count``, held. A read that
+        failed leaves its shard out for a while (the others' answers are kept)."""
         got: list[tuple[Job, int]] = []
         for shard, task in list(self._blocked.items()):
             if not task.done():
                 continue
             del self._blocked[shard]
-            for job in task.result():  # a read that failed raises here, into the intake's retry
+            if task.cancelled():
+                continue
+            error = task.exception()
+            if isinstance(error, REDIS_DOWN):
+                self._failed(shard, error)
+                continue
+            for job in task.result():  # anything else raises here, into the intake
                 (got if len(got) < count else self._held).append((job, 1))
         return got
 
     async def _read(self, shard: int, count: int, block_ms: int | None) -> list[Job]:
-        stream = keys.job_shard(shard)
+        stream = keys.job_shard(shard, self.shards)
         block = [] if block_ms is None else ["BLOCK", max(1, block_ms)]
         try:
             resp: Any = await self.blocking.call_at(stream, "XREADGROUP", "GROUP", keys.JOBS_GROUP, self.consumer,
@@ -177,15 +222,23 @@ class ClusterJobQueue:
             if len(got) >= count:
                 break
             shard = (self._first + i) % self.shards
-            stream = keys.job_shard(shard)
-            resp: Any = await self.calls.call("XAUTOCLAIM", stream, keys.JOBS_GROUP, self.consumer, min_idle_ms,
-                                              "0-0", "COUNT", count - len(got))
-            # Redis 6.2 answers [cursor, entries]; 7.x adds the ids of deleted entries.
-            entries = resp[1] if len(resp) >= 2 else []
-            for job in await self._parse(shard, list(entries)):
-                _, stream_id = split_entry(job.entry_id)
-                pending: Any = await self.calls.call("EVAL", jobs.DELIVERIES, 1, stream, keys.JOBS_GROUP, stream_id)
-                got.append((job, int(pending[0][3]) if pending else 2))
+            if not self._live(shard):
+                continue
+            stream = keys.job_shard(shard, self.shards)
+            try:
+                resp: Any = await self.calls.call("XAUTOCLAIM", stream, keys.JOBS_GROUP, self.consumer, min_idle_ms,
+                                                  "0-0", "COUNT", count - len(got))
+                # Redis 6.2 answers [cursor, entries]; 7.x adds the ids of deleted entries.
+                entries = resp[1] if len(resp) >= 2 else []
+                for job in await self._parse(shard, list(entries)):
+                    _, stream_id = split_entry(job.entry_id)
+                    pending: Any = await self.calls.call("EVAL", jobs.DELIVERIES, 1, stream, keys.JOBS_GROUP,
+                                                         stream_id)
+                    got.append((job, int(pending[0][3]) if pending else 2))
+            except REDIS_DOWN as exc:
+                self._failed(shard, exc)
+        if not got:
+            self._all_down()
         return await self._take_all(got)
 
     async def _parse(self, shard: int, entries: list[Any]) -> list[Job]:
@@ -245,14 +298,15 @@ class ClusterJobQueue:
     async def ack_shard(self, entry_id: str) -> bool:
         self.forget(entry_id)
         shard, stream_id = split_entry(entry_id)
-        return bool(await self.calls.call("EVAL", jobs.ACK, 1, keys.job_shard(shard), keys.JOBS_GROUP, stream_id,
+        stream = keys.job_shard(shard, self.shards)
+        return bool(await self.calls.call("EVAL", jobs.ACK, 1, stream, keys.JOBS_GROUP, stream_id,
                                           self.consumer))
 
     async def drop(self, entry_id: str) -> None:
         """Ack an entry that cannot become a job of ours (trimmed, malformed, a duplicate)."""
         self.forget(entry_id)
         shard, stream_id = split_entry(entry_id)
-        await self.calls.call("XACK", keys.job_shard(shard), keys.JOBS_GROUP, stream_id)
+        await self.calls.call("XACK", keys.job_shard(shard, self.shards), keys.JOBS_GROUP, stream_id)
 
     async def touch(self, entry_ids: list[str]) -> list[str]:
         """Reset the idle time of our jobs (and of the jobs held here), per shard; returns the
@@ -262,10 +316,23 @@ class ClusterJobQueue:
             shard, stream_id = split_entry(entry_id)
             by_shard.setdefault(shard, []).append(stream_id)
         lost: list[str] = []
-        for shard, ids in by_shard.items():
-            gone: Any = await self.calls.call("EVAL", jobs.TOUCH, 1, keys.job_shard(shard), keys.JOBS_GROUP,
-                                              self.consumer, *ids)
+        shards = list(by_shard)
+        # Every shard at once, each on its own: a shard whose node is down keeps its jobs (they are
+        # not lost, only not refreshed now); the others' jobs are refreshed, never left to a claim.
+        answers = await asyncio.gather(*(self.calls.call("EVAL", jobs.TOUCH, 1, keys.job_shard(shard, self.shards),
+                                                         keys.JOBS_GROUP, self.consumer, *by_shard[shard])
+                                         for shard in shards), return_exceptions=True)
+        failures = 0
+        for shard, gone in zip(shards, answers, strict=True):
+            if isinstance(gone, BaseException):
+                if not isinstance(gone, REDIS_DOWN):
+                    raise gone
+                self._failed(shard, gone)
+                failures += 1
+                continue
             lost += [f"{shard}/{stream_id}" for stream_id in gone]
+        if shards and failures == len(shards):
+            raise self._last_error or RuntimeError("no shard answered")
         for entry_id in lost:
             self.forget(entry_id)
         if lost and self._held:

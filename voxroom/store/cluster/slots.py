@@ -46,11 +46,13 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from voxroom.store.backoff import READ_DEADLINE_S
+
 log = logging.getLogger("voxroom.cluster")
 
 ASK_PAUSE_S = 0.05
 """Between two reads of a key whose slot is migrating (ASK): the only polling, and only then."""
-REPLY_GRACE_S = 5.0
+REPLY_GRACE_S = READ_DEADLINE_S
 """A blocked read's reply may come this long after its BLOCK before the connection counts as lost."""
 
 

@@ -5,12 +5,13 @@ names a node of one. Every command goes to the node of its key's slot; one slot 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
+from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
 from voxroom.runtime.supervisor import Supervisor
 from voxroom.store import clients, keys
+from voxroom.store.backoff import READ_DEADLINE_S
 from voxroom.store.cluster.calls import ClusterCalls
 from voxroom.store.cluster.fanout import ClusterFanout
 from voxroom.store.cluster.ingress import ClusterIngress
@@ -19,10 +20,13 @@ from voxroom.store.cluster.pipeline import ClusterAutoPipeline
 from voxroom.store.cluster.slots import ClusterReads
 from voxroom.store.cluster.sweeper import Sweeper
 from voxroom.store.cluster.watcher import ClusterWatcher
-from voxroom.store.interface import SAY_HOLD_S, Commands, Deliver, IngressOptions, Loop
+from voxroom.store.interface import SAY_HOLD_S, Commands, FanoutEvents, IngressOptions, Loop
 from voxroom.store.jobs import FencedJobBus
 
 PING_TIMEOUT_S = 1.5
+BLOCKED_READ_TIMEOUT_S = 2.0 + READ_DEADLINE_S
+"""The socket timeout of the job shards' blocked reads (at most 2 s each): a dead node's read is
+given up a second after its block."""
 
 
 class ClusterLayout:
@@ -35,16 +39,16 @@ class ClusterLayout:
         self.shards = shards
 
     def room_index(self, room: str) -> str:
-        return keys.rooms_shard(keys.shard_of(room, self.shards))
+        return keys.rooms_shard(keys.shard_of(room, self.shards), self.shards)
 
     def room_indexes(self) -> list[str]:
-        return [keys.rooms_shard(k) for k in range(self.shards)]
+        return [keys.rooms_shard(k, self.shards) for k in range(self.shards)]
 
     def job_streams(self) -> list[str]:
-        return [keys.job_shard(k) for k in range(self.shards)]
+        return [keys.job_shard(k, self.shards) for k in range(self.shards)]
 
     def job_stream_of(self, room: str) -> str:
-        return keys.job_shard(keys.shard_of(room, self.shards))
+        return keys.job_shard(keys.shard_of(room, self.shards), self.shards)
 
 
 class ClusterStore:
@@ -75,17 +79,19 @@ class ClusterStore:
         return int(key_slot(key.encode()))
 
     async def ping(self) -> None:
+        """Any one node answering is enough: a primary failing over takes out its own rooms, not
+        the gateway (``/readyz`` must not send every gateway out of its load balancer for it)."""
         async with asyncio.timeout(PING_TIMEOUT_S):
-            await self._text.ping()
+            await self._text.ping(target_nodes=RedisCluster.RANDOM)
 
     def ingress(self, options: IngressOptions) -> ClusterIngress:
         return ClusterIngress(self.commands(max_hold_s=SAY_HOLD_S), options, shards=self.layout.shards)
 
-    def fanout(self, control: Commands, supervisor: Supervisor, gateway_id: str, *, deliver: Deliver,
-               pulse: Callable[[], None], rooms_per_reader: int = 200) -> ClusterFanout:
+    def fanout(self, control: Commands, supervisor: Supervisor, gateway_id: str, events: FanoutEvents, *,
+               rooms_per_reader: int = 200) -> ClusterFanout:
         # No readers of many rooms here: every room is read when its bell rings (one subscriber
         # connection per primary, whatever the number of rooms), so rooms_per_reader has no use.
-        return ClusterFanout(self._raw, self._raw_reads, control, supervisor, deliver=deliver, pulse=pulse)
+        return ClusterFanout(self._raw, self._raw_reads, control, supervisor, events)
 
     def watcher(self, wake_key: str, control: Commands) -> ClusterWatcher:
         return ClusterWatcher(self._raw_reads)
@@ -99,7 +105,8 @@ class ClusterStore:
     def job_bus(self, consumer: str, *, resume_window_ms: int = 120_000, room_idle_ttl_s: int = 3600) -> FencedJobBus:
         auto = self.commands()
         # The blocked shard reads on redis-py's pools of a client of their own (the queue closes it).
-        blocking = ClusterCalls(clients.cluster_client(self.url, decode_responses=True))
+        blocking = ClusterCalls(clients.cluster_client(self.url, decode_responses=True,
+                                                       socket_timeout=BLOCKED_READ_TIMEOUT_S))
         queue = ClusterJobQueue(auto, blocking, consumer, shards=self.layout.shards, room_idle_ttl_s=room_idle_ttl_s)
         return FencedJobBus(queue, auto, self.commands(decode=False), self.watcher(keys.worker_wake(consumer), auto),
                       self.slot_of, resume_window_ms=resume_window_ms, room_idle_ttl_s=room_idle_ttl_s)

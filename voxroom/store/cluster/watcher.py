@@ -19,7 +19,7 @@ from voxroom.store.cluster.slots import ClusterReads
 
 log = logging.getLogger("voxroom.watcher")
 
-BLOCK_MS = 5000
+BLOCK_MS = 2000
 """Longest blocked read of one waiter (a longer wait reads again)."""
 
 

@@ -5,14 +5,24 @@ from __future__ import annotations
 
 HAND = """
 -- KEYS: 1 shard stream, 2 shard :handed, 3 shard :handed_at. ARGV: 1 room, 2 seq, 3 epoch,
--- 4 jobs maxlen, 5 now ms, then the job's field pairs (seq among them). Adds the job unless the
--- shard's high-water mark for the room says it has it, and moves the mark. Returns 1 added, 0 had.
+-- 4 jobs maxlen, 5 now ms, 6 after, then the job's field pairs (seq among them). Adds the job
+-- unless the shard's high-water mark for the room says it has it, and moves the mark. Returns 1
+-- added, 0 had, or -1 - held when the shard lacks lines before this one: it holds the room's
+-- lines up to held only, and lines above both held and ARGV 6 (the caller's floor: lines at or
+-- below it need not be in the shard, they played) are missing. A failover of the shard's primary
+-- lost their hand-off; adding this line would move the mark past them, and no one would ever hand
+-- them again. The caller hands them first.
+local held = 0
 local v = redis.call('HGET', KEYS[2], ARGV[1])
 if v then
   local e, s = string.match(v, '^(.*):(%d+)$')
-  if e == ARGV[3] and tonumber(s) >= tonumber(ARGV[2]) then return 0 end
+  if e == ARGV[3] then
+    held = tonumber(s)
+    if held >= tonumber(ARGV[2]) then return 0 end
+  end
 end
-redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[4], '*', 'room', ARGV[1], unpack(ARGV, 6))
+if math.max(held, tonumber(ARGV[6])) < tonumber(ARGV[2]) - 1 then return -1 - held end
+redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[4], '*', 'room', ARGV[1], unpack(ARGV, 7))
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[3] .. ':' .. ARGV[2])
 redis.call('ZADD', KEYS[3], ARGV[5], ARGV[1])
 return 1

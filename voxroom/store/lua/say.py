@@ -14,9 +14,23 @@ from __future__ import annotations
 # ARGV: 1 sender, 2 client seq, 3 text, 4 voice, 5 now ms, 6 utt maxlen, 7 jobs maxlen, 8 room,
 #       9 max pending, 10 idle ttl s, 11 stale cutoff ms, 12 stale entries per call, 13 switch lines,
 #       14 the line's own lexicon as JSON ('' for none).
-BODY = """
+GAPS_KEPT = 32
+"""How far below a sender's last stored seq a line never stored may still be resent and spoken
+(``duplicate`` means stored: a resend within this of the last is checked against the seqs that were
+skipped, an older one counts as stored). Far more than any client keeps in flight."""
+
+BODY = f"\nlocal GAPS_KEPT = {GAPS_KEPT}" + """
 local last = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
-if tonumber(ARGV[2]) <= last then return {0, last} end
+local cs = tonumber(ARGV[2])
+local gaps_field = ARGV[1] .. '|gaps'
+local gaps = redis.call('HGET', KEYS[1], gaps_field) or ''
+local gap = false
+if cs <= last then
+  -- Below the last line stored for this sender: a resend. Stored already (duplicate), unless it is
+  -- one of the seqs the sender skipped when a later one was stored (refused, or still on its way).
+  gap = string.find(' ' .. gaps .. ' ', ' ' .. cs .. ' ', 1, true) ~= nil
+  if not gap then return {0, last} end
+end
 local nxt = tonumber(redis.call('HGET', KEYS[5], 'next') or '1')
 local seq = redis.call('GET', KEYS[2])
 if not seq then
@@ -31,7 +45,23 @@ end
 if seq - nxt + 1 >= tonumber(ARGV[9]) then return {-1, seq - nxt + 1} end
 seq = seq + 1
 redis.call('SET', KEYS[2], seq, 'EX', ARGV[10])
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+-- The sender's gaps: seqs below its last stored one that were never stored, at most GAPS_KEPT
+-- back from it (a resend older than that counts as stored, as every resend below the last did).
+local kept = {}
+local top = math.max(last, cs)
+for g in string.gmatch(gaps, '%d+') do
+  g = tonumber(g)
+  if g ~= cs and g > top - GAPS_KEPT then kept[#kept + 1] = g end
+end
+if cs > last then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+  for g = math.max(last + 1, cs - GAPS_KEPT + 1), cs - 1 do kept[#kept + 1] = g end
+end
+if #kept > 0 then
+  redis.call('HSET', KEYS[1], gaps_field, table.concat(kept, ' '))
+elseif gaps ~= '' then
+  redis.call('HDEL', KEYS[1], gaps_field)
+end
 local prev = redis.call('HGET', KEYS[5], 'voice') or ARGV[4]
 redis.call('HSET', KEYS[5], 'voice', ARGV[4])
 local from = redis.call('HGET', KEYS[5], 'switch_from')

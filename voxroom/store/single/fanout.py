@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from redis.asyncio import Redis
@@ -21,9 +20,9 @@ from redis.asyncio import Redis
 from voxroom.runtime.supervisor import Supervisor
 from voxroom.store import keys
 from voxroom.store.autopipe import AutoPipeline
-from voxroom.store.backoff import REDIS_DOWN, Backoff
+from voxroom.store.backoff import READ_DEADLINE_S, RECONNECT_CAP_S, REDIS_DOWN, Backoff
 from voxroom.store.entry_ids import entry_id_str, tail
-from voxroom.store.interface import Commands, Deliver
+from voxroom.store.interface import Commands, FanoutEvents
 
 log = logging.getLogger("voxroom.gateway.hub")
 
@@ -41,7 +40,7 @@ class _Reader:
         self.wake_key = keys.gateway_wake(source.gateway_id, index)
         self.cursors: dict[str, str] = {}
         """Room -> id of the last entry read and delivered (or the tail when the room joined)."""
-        self.wire = AutoPipeline(source.raw, timeout_s=READ_BLOCK_MS / 1000 + 5)
+        self.wire = AutoPipeline(source.raw, timeout_s=READ_BLOCK_MS / 1000 + READ_DEADLINE_S)
         """This reader's own connection: a blocked read must not hold up anybody's commands."""
         self.task: asyncio.Task[None] | None = None
         """Its loop, as the supervisor runs it (restarted there when it fails)."""
@@ -55,7 +54,10 @@ class _Reader:
     async def run(self) -> None:
         """Read and deliver until cancelled. Redis unavailable is waited out here; anything else
         raises to the supervisor, which restarts this (the cursors are kept)."""
-        backoff = Backoff()
+        backoff = Backoff(cap=RECONNECT_CAP_S)
+        events = self.source.events
+        cut_off = False
+        """Redis could not be read since the last successful read: its first read back is a backlog."""
         wake_cursor: str | None = None
         while True:
             try:
@@ -73,35 +75,43 @@ class _Reader:
                     *[keys.room_output(r) for r, _ in rooms], self.wake_key, *[c for _, c in rooms], wake_cursor)
                 backoff.reset()
             except REDIS_DOWN as exc:
-                log.warning("hub reader %d: redis unavailable (%s); retrying in %.1f s", self.index, exc,
-                            backoff.delay)
+                (log.warning if not cut_off else log.debug)(
+                    "hub reader %d: redis unavailable (%s); retrying in %.1f s", self.index, exc, backoff.delay)
+                cut_off = True
+                events.unreachable(exc)
                 await backoff.wait()
                 continue
+            events.reachable()
             for stream, entries in resp or []:
                 name = stream.decode() if isinstance(stream, bytes) else stream
                 if name == self.wake_key:
                     wake_cursor = entry_id_str(entries[-1][0])
                     continue
                 room = keys.room_of_key(name)
-                if room in self.cursors:
+                cursor = self.cursors.get(room)
+                if cursor is not None:
+                    if cut_off:
+                        # Entries that waited in Redis while this gateway could not read: the
+                        # hub replays them to each client at its own pace, before they go out live.
+                        events.resync(room, cursor)
                     # Cursor moved and entries delivered with no await in between.
                     self.cursors[room] = entry_id_str(entries[-1][0])
-                    self.source.deliver(room, entries)
-            self.source.pulse()
+                    events.deliver(room, entries)
+            cut_off = False
+            events.pulse()
 
 
 class SingleFanout:
     """:class:`voxroom.store.interface.FanoutSource` on one Redis. ``raw``: a bytes client (its
     connection settings; each reader opens its own connection from them)."""
 
-    def __init__(self, raw: Redis, control: Commands, supervisor: Supervisor, gateway_id: str, *,
-                 deliver: Deliver, pulse: Callable[[], None], rooms_per_reader: int = 200) -> None:
+    def __init__(self, raw: Redis, control: Commands, supervisor: Supervisor, gateway_id: str,
+                 events: FanoutEvents, *, rooms_per_reader: int = 200) -> None:
         self.raw = raw
         self.control = control
         self.supervisor = supervisor
         self.gateway_id = gateway_id
-        self.deliver = deliver
-        self.pulse = pulse
+        self.events = events
         self.rooms_per_reader = rooms_per_reader
         self._readers: list[_Reader] = []
         self._reader_of: dict[str, _Reader] = {}

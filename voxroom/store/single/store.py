@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 from voxroom.runtime.supervisor import Supervisor
 from voxroom.store import clients, keys
 from voxroom.store.autopipe import AutoPipeline
-from voxroom.store.interface import SAY_HOLD_S, Commands, Deliver, IngressOptions, Loop
+from voxroom.store.backoff import READ_DEADLINE_S
+from voxroom.store.interface import SAY_HOLD_S, Commands, FanoutEvents, IngressOptions, Loop
 from voxroom.store.jobs import FencedJobBus
 from voxroom.store.single.fanout import SingleFanout
 from voxroom.store.single.ingress import SingleIngress
@@ -18,8 +18,9 @@ from voxroom.store.single.watcher import SingleWatcher
 
 PING_TIMEOUT_S = 1.5
 """``/readyz`` answers within its load balancer's timeout even when Redis is cut off."""
-READ_TIMEOUT_S = 30.0
-"""Reply timeout of the worker's job reads (a read blocks for at most 2 s)."""
+READ_TIMEOUT_S = 2.0 + READ_DEADLINE_S
+"""Reply timeout of the worker's job reads (a read blocks for at most 2 s, workers/intake/worker.py
+``READ_BLOCK_MS``): a read on a dead connection is given up a second after its block."""
 
 
 class SingleLayout:
@@ -62,10 +63,9 @@ class SingleStore:
     def ingress(self, options: IngressOptions) -> SingleIngress:
         return SingleIngress(self.commands(max_hold_s=SAY_HOLD_S), options)
 
-    def fanout(self, control: Commands, supervisor: Supervisor, gateway_id: str, *, deliver: Deliver,
-               pulse: Callable[[], None], rooms_per_reader: int = 200) -> SingleFanout:
-        return SingleFanout(self._raw, control, supervisor, gateway_id, deliver=deliver, pulse=pulse,
-                            rooms_per_reader=rooms_per_reader)
+    def fanout(self, control: Commands, supervisor: Supervisor, gateway_id: str, events: FanoutEvents, *,
+               rooms_per_reader: int = 200) -> SingleFanout:
+        return SingleFanout(self._raw, control, supervisor, gateway_id, events, rooms_per_reader=rooms_per_reader)
 
     def watcher(self, wake_key: str, control: Commands) -> SingleWatcher:
         return SingleWatcher(self._raw, control, wake_key)

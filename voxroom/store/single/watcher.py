@@ -26,13 +26,13 @@ from redis.asyncio import Redis
 
 from voxroom.store import keys
 from voxroom.store.autopipe import AutoPipeline
-from voxroom.store.backoff import REDIS_DOWN, Backoff
+from voxroom.store.backoff import READ_DEADLINE_S, RECONNECT_CAP_S, REDIS_DOWN, Backoff
 from voxroom.store.entry_ids import id_tuple
 from voxroom.store.interface import Commands
 
 log = logging.getLogger("voxroom.watcher")
 
-BLOCK_MS = 5000
+BLOCK_MS = 2000
 """Longest blocked read; a new waiter's room interrupts it through the wake stream."""
 WAKE_TTL_S = 3600
 
@@ -52,7 +52,7 @@ class SingleWatcher:
     ``control``: the pipeline that sends the wake ``XADD`` (never the blocked connection itself)."""
 
     def __init__(self, raw: Redis, control: Commands, wake_key: str) -> None:
-        self._read = AutoPipeline(raw, timeout_s=BLOCK_MS / 1000 + 25)
+        self._read = AutoPipeline(raw, timeout_s=BLOCK_MS / 1000 + READ_DEADLINE_S)
         self._control = control
         self.wake_key = wake_key
         self._waiters: dict[str, list[_Waiter]] = {}
@@ -90,7 +90,7 @@ class SingleWatcher:
             log.debug("stream watcher: wake failed: %s", exc)
 
     async def run(self) -> None:
-        backoff = Backoff()
+        backoff = Backoff(cap=RECONNECT_CAP_S)
         while True:
             rooms = {room: min((w.after for w in waiters), key=id_tuple) for room, waiters in self._waiters.items()}
             streams = {keys.room_output(room): room for room in rooms}
