@@ -10,7 +10,7 @@ synthesis costs nothing during the measurement. Two tables:
 
 - one line at a time (``--says`` round trips on one connection): the latency one line pays;
 - ``--burst`` rooms' clients sending one line each in the same loop turn, ``--says / 10`` rounds:
-  the says of one loop turn share one ``WAIT`` (app/ingress/say_script.py), so a burst pays about one
+  the says of one loop turn share one ``WAIT`` (voxroom/store/lua/say.py), so a burst pays about one
   replica round trip, not one per line.
 """
 

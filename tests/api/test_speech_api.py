@@ -174,7 +174,7 @@ async def test_with_auth_on_it_takes_a_speaker_bearer_token_for_the_api(stack: S
 
 async def test_waiting_responses_share_one_blocked_read(tmp_path: Path) -> None:
     """Six responses waiting for their first audio (the worker is paused) wait on the gateway's one
-    stream watcher (voxroom/store/stream_watcher.py), not on a blocked XREAD each; all answer once the
+    stream watcher (voxroom/store/single/watcher.py), not on a blocked XREAD each; all answer once the
     worker goes on."""
     import os
     import signal

@@ -141,6 +141,6 @@ async def test_a_bell_rung_before_the_subscribe_is_covered_by_the_read_after_it(
 
 
 def test_the_bell_channel_is_the_output_key_with_bell_for_out() -> None:
-    # workers/shards.py's Lua derives the channel from the output key this way.
+    # voxroom/store/cluster/jobs.py's Lua derives the channel from the output key this way.
     for room in ("a", "lobby-1", "X_y-9"):
         assert keys.room_bell(room) == keys.room_output(room)[:-3] + "bell"

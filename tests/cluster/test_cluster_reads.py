@@ -100,7 +100,7 @@ local id = redis.call('XADD', KEYS[1], '*', 'frame', ARGV[1])
 redis.call('SPUBLISH', ARGV[2], '')
 return id
 """
-"""An append and its room's bell, as the worker's scripts ring it (workers/shards.py)."""
+"""An append and its room's bell, as the worker's scripts ring it (voxroom/store/cluster/jobs.py)."""
 
 
 class Appender:

@@ -1,5 +1,5 @@
 """The speech API's private rooms on the real 3+3 cluster: workers never trim them (the cluster's
-publish scripts, workers/shards.py), so a slow reader gets every byte (tests/api/slow_reader.py)."""
+publish scripts, voxroom/store/cluster/jobs.py), so a slow reader gets every byte (tests/api/slow_reader.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """On Redis Cluster a line's room writes are fenced by the room's turn as well as by its owner
-field (workers/shards.py): a line a later line skipped past has its next publish and its end
+field (voxroom/store/cluster/jobs.py): a line a later line skipped past has its next publish and its end
 refused in the room's slot, nothing of it lands after the skip, and a line of another room goes on.
 On the real 3+3 cluster of conftest.py."""
 

@@ -85,7 +85,7 @@ def test_a_blocked_uvloop_is_not_a_dead_redis(server: RedisServer) -> None:
 
 
 def test_a_long_loop_turn_sends_what_it_held_past_max_hold(server: RedisServer) -> None:
-    """The gateway's says (app/ingress/say_script.py): a loop turn that handles a burst of lines sends the
+    """The gateway's says (voxroom/store/lua/say.py): a loop turn that handles a burst of lines sends the
     first ones while it works on the rest, in order, instead of every line waiting for the
     turn's end. Without ``max_hold_s`` nothing leaves before the turn ends."""
     async def run() -> None:

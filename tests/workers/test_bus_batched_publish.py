@@ -1,5 +1,5 @@
 """The publishes of many rooms issued in one loop turn (a paced tick's slices) leave as one script
-(workers/bus.py), and each job is still fenced and fails on its own: a job another worker took,
+(voxroom/store/jobs.py), and each job is still fenced and fails on its own: a job another worker took,
 a write Redis refuses, an argument that cannot be sent. Against a real redis-server."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A line's writes are fenced by the room's turn as well as by job ownership (workers/bus.py): a
+"""A line's writes are fenced by the room's turn as well as by job ownership (voxroom/store/jobs.py): a
 line that passed its turn check, and was then skipped past by a later line, has its next publish
 and its end refused by Redis, atomically, and nothing of it lands in the room's output after the
 skip; the other rooms' jobs in the same batched script still publish. Against a real redis-server,

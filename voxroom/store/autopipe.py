@@ -215,7 +215,7 @@ class AutoPipeline:
     def flush(self) -> None:
         """Send what is queued now instead of at the end of this loop turn. For a callback
         that itself runs at the end of a loop turn, after what it gathers was queued (the
-        worker's batched publish, workers/bus.py): its commands then leave in the same turn
+        worker's batched publish, voxroom/store/jobs.py): its commands then leave in the same turn
         rather than one turn later. Order is kept: everything queued so far goes, in order, and
         later commands go in a later write on the same connection."""
         if self._queued:

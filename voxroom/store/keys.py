@@ -139,14 +139,14 @@ def worker_pattern() -> str:
 
 
 def worker_wake(worker_id: str) -> str:
-    """Private to one worker's stream watcher (``voxroom/store/stream_watcher.py``): an XADD wakes its blocked
+    """Private to one worker's stream watcher (``voxroom/store/single/watcher.py``): an XADD wakes its blocked
     XREAD when a room joins it. Not under ``vx:worker:`` (heartbeats only)."""
     return f"{PREFIX}:wake:worker:{worker_id}"
 
 
 def gateway_wake(gateway_id: str, reader: int | str) -> str:
     """A gateway's private wake streams: one per hub reader (``0``, ``1``...) and ``api``, its
-    stream watcher's (``voxroom/store/stream_watcher.py``, the speech API's waits)."""
+    stream watcher's (``voxroom/store/single/watcher.py``, the speech API's waits)."""
     return f"{PREFIX}:gw:{gateway_id}:wake:{reader}"
 
 

@@ -22,7 +22,7 @@ class Job:
     switch_from: str = ""
     """The voice a switch in progress moves from (``""``: none). A switch runs over the room's
     ``switch_lines`` lines; this job is line ``switch_line`` of them (0: the line that switched).
-    The gateway's ``say`` script numbers them in room order (app/ingress/say_script.py)."""
+    The gateway's ``say`` script numbers them in room order (voxroom/store/lua/say.py)."""
     switch_line: int = 0
     switch_lines: int = 1
     lexicon: dict[str, str] = field(default_factory=dict)

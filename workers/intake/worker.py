@@ -15,7 +15,7 @@ One asyncio loop per worker process runs, each loop under one :class:`voxroom.ru
 - ``heartbeat``: ``vx:worker:{id}`` (with loop liveness: ``loops_down``, ``loop_restarts``) and
   this worker's entry in the ``vx:workers`` registry.
 - ``turns``: one blocked ``XREAD`` over the output streams of the rooms where an utterance waits
-  for its turn (``voxroom/store/stream_watcher.py``), instead of one pooled blocking read per waiting utterance.
+  for its turn (``voxroom/store/single/watcher.py``), instead of one pooled blocking read per waiting utterance.
 - ``cache:stores``: the audio cache's writer, when the cache is on.
 
 Plus one publisher task per utterance in flight, and, when ``metrics_port`` is set, the

@@ -3,7 +3,7 @@ rooms' output just grew.
 
 The worker's scripts that append to a room's ``:out`` on a cluster also ``SPUBLISH`` the room's
 bell (``vx:room:{room}:bell``, ``keys.room_bell``: the same hash tag, so the same slot and node),
-once per script call (workers/shards.py). A gateway holds **one subscriber connection per
+once per script call (voxroom/store/cluster/jobs.py). A gateway holds **one subscriber connection per
 primary** that holds some of its rooms (``CLIENT SETNAME vx-gw-bells``), and ``SSUBSCRIBE``s each
 room's bell there, one command per room: one command over several slots is refused
 (``CROSSSLOT``), several commands on one connection are not (Redis 7.0).

@@ -48,7 +48,7 @@ log = logging.getLogger("voxroom.gateway.handoff")
 
 INDEX_EVERY_S = 10.0
 """How often one gateway rewrites a room's index entry while the room is busy (the sweeper looks
-at rooms active in the last :data:`app.ingress.sweeper.ACTIVE_WINDOW_S`, minutes)."""
+at rooms active in the last :data:`voxroom.store.cluster.sweeper.ACTIVE_WINDOW_S`, minutes)."""
 _INDEXED_MAX = 10_000
 
 @dataclass(frozen=True, slots=True)

@@ -101,7 +101,7 @@ class ClusterAutoPipeline:
         """The pipeline of the node that holds ``key``'s slot now (the slot map read again first
         when no node holds it; ``SlotNotCoveredError`` if still none). For a command that has to go
         out on the one connection another command of that key went out on (``WAIT`` after a
-        room's accept, ``app/ingress/handoff.py``): its commands are not routed, so a ``MOVED`` or ``ASK``
+        room's accept, ``voxroom/store/cluster/ingress.py``): its commands are not routed, so a ``MOVED`` or ``ASK``
         they get is the caller's to handle."""
         return self._pipe(await self._node_of(("GET", key)))
 

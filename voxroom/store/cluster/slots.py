@@ -7,7 +7,7 @@ the single-flight slot map refresh every cluster path here shares (:meth:`Cluste
 ``XREAD STREAMS vx:room:{a}:out vx:room:{b}:out 0 0`` with ``CROSSSLOT`` (tried on Redis 7.0).
 So the single-instance stream watcher's one ``XREAD`` over many rooms plus a wake stream becomes,
 on a cluster, a blocked ``XREAD`` of its own per waiter (a worker's turn wait, the speech API's
-waits: ``voxroom/store/stream_watcher.py``), on a pooled connection to the room's node; one cancelled
+waits: ``voxroom/store/single/watcher.py``), on a pooled connection to the room's node; one cancelled
 (the connection, with a reply still owed) is closed rather than pooled. The gateway hub reads its
 rooms without blocking, when their bell rings (``voxroom/store/cluster/fanout.py``): a connection per
 room there would bound rooms by the nodes' ``maxclients``.

@@ -91,7 +91,7 @@ if ARGV[14] ~= '' then
 end
 """
 """Numbering, dedupe, back-pressure and the voice switch: shared with the cluster's ``say``
-(app/ingress/handoff.py), which differs only in what it writes after."""
+(voxroom/store/cluster/ingress.py), which differs only in what it writes after."""
 SINGLE = BODY + """\
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[6], '*', 'seq', seq, 'text', ARGV[3], 'voice', ARGV[4],
            'sender', ARGV[1], 'client_seq', ARGV[2], 'time', ARGV[5])
