@@ -232,8 +232,9 @@ class Worker:
                     # Full: wait for room (a job leaving a queue), and claim no sooner than due.
                     self.pool.freed.clear()
                     if self.pool.free() == 0:
-                        try:
-                            await asyncio.wait_for(self.pool.freed.wait(), max(0.0, next_claim - loop.time()))
+                        try:  # not wait_for: it can swallow the stop's cancel on 3.11 (gh-86296)
+                            async with asyncio.timeout(max(0.0, next_claim - loop.time())):
+                                await self.pool.freed.wait()
                         except TimeoutError:
                             pass
                     continue

@@ -68,8 +68,12 @@ class SingleWatcher:
             covered = self._reading.get(room)
             if covered is None or covered > id_tuple(after_id):
                 await self._wake()
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns the result when a
+            # cancel lands as the event fires (CPython gh-86296), and a publisher stopped by a
+            # worker's drain then went on waiting for its turn (30 s, a CI failure).
             try:
-                await asyncio.wait_for(waiter.event.wait(), timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    await waiter.event.wait()
             except TimeoutError:
                 pass
             return waiter.tail
