@@ -274,7 +274,8 @@ def test_a_cancelled_line_is_cut_or_passed_the_same_in_both_modes(dbs: tuple[red
         {"kind": "cancel", "utterances": "1"}, {"kind": "chunk", "seq": "1", "chunk": "1", "fade": "1"},
         {"kind": "end", "seq": "1", "status": "cancelled"}]
     state = [r.hgetall(keys.room_state("cut")) for r in (single, cluster)]
-    assert state[0] == state[1] == {"next": "2", "end_ms": "1234.000", "started": "1"}  # not cancelled any more
+    assert state[0] == state[1] == {"next": "2", "end_ms": "1234.000", "started": "1",
+                                      "cancelled_recent": "1"}  # not cancelled any more; shown as cut
 
 
 def test_a_line_cancelled_before_it_began_is_passed_the_same_in_both_modes(
@@ -288,5 +289,6 @@ def test_a_line_cancelled_before_it_began_is_passed_the_same_in_both_modes(
     single, cluster = dbs
     out = [_entries(r, keys.room_output("passed")) for r in (single, cluster)]
     assert out[0] == out[1] == [{"kind": "cancel", "utterances": "1"}, {"kind": "pass", "seq": "1"}]
-    assert single.hgetall(keys.room_state("passed")) == cluster.hgetall(keys.room_state("passed")) == {"next": "2"}
+    assert single.hgetall(keys.room_state("passed")) == cluster.hgetall(keys.room_state("passed")) == {"next": "2",
+                                                                                         "cancelled_recent": "1"}
     assert single.xpending(keys.JOBS, keys.JOBS_GROUP)["pending"] == 0  # passed: acked
