@@ -148,13 +148,9 @@ export class Player {
     return true;
   }
 
-  /**
-   * The utterance's `end`: it has `chunks` slices; `cut`: a `cancel` stopped it there
-   * (JitterBuffer.markEnd).
-   * @param {number} seq @param {number} chunks @param {boolean} [cut=false]
-   */
-  markEnd(seq, chunks, cut = false) {
-    this.node?.port.postMessage({ type: 'end', seq, chunks, cut });
+  /** @param {number} seq @param {number} chunks */
+  markEnd(seq, chunks) {
+    this.node?.port.postMessage({ type: 'end', seq, chunks });
   }
 
   /**

@@ -27,8 +27,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("voxroom.gateway.admission")
 
-OPEN_GRANT_ROLE: tokens.Role = "host"
-"""Under ``--insecure-dev`` every client may speak and cancel any line of its room (issue 30)."""
+OPEN_GRANT_ROLE: tokens.Role = "speaker"
 
 
 @dataclass(frozen=True, slots=True)
