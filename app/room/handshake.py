@@ -47,16 +47,19 @@ def _refusal_reason(exc: BaseException) -> str:
 def answer_refused_upgrade(transport: Any) -> str | None:
     """After uvicorn handed ``transport`` to its WebSocket protocol: when websockets refused the
     request while parsing it, write its answer (414, 431; a 400 where it has none) and close.
-    Returns the refusal's reason, or None when the request was taken (or answered already)."""
+    Returns the refusal's reason, or None when the request was taken."""
     conn = getattr(transport.get_protocol(), "conn", None)  # websockets' ServerProtocol (sans-I/O)
     exc = getattr(conn, "handshake_exc", None)
-    if conn is None or exc is None or transport.is_closing():
+    if conn is None or exc is None:
         return None
-    answer = b"".join(conn.data_to_send())  # websockets ends it with b"" (its EOF mark): harmless
     reason = _refusal_reason(exc)
-    # close, not abort: the answer is a few hundred bytes, the kernel takes it at once.
-    transport.write(answer if answer.strip() else _BAD_REQUEST)
-    transport.close()
+    # uvicorn 0.55 writes websockets' answer and closes by itself; earlier ones left it buffered.
+    # Either way it is a refusal, and counted once (this runs once per upgrade).
+    if not transport.is_closing():
+        answer = b"".join(conn.data_to_send())  # websockets ends it with b"" (its EOF mark): harmless
+        # close, not abort: the answer is a few hundred bytes, the kernel takes it at once.
+        transport.write(answer if answer.strip() else _BAD_REQUEST)
+        transport.close()
     HANDSHAKES_REFUSED.labels(reason).inc()
     return reason
 
