@@ -21,7 +21,7 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
-from app.api import speech_api, voices_api
+from app.api import rooms_api, speech_api, voices_api
 from app.api.cors import Cors
 from app.api.metrics import metrics_endpoint
 from app.client_files import client_dir
@@ -159,6 +159,7 @@ def create_app(settings: Settings, *, catalog: Catalog | None = None) -> Starlet
         Route("/readyz", readyz),
         Route("/metrics", metrics_endpoint),
         *voices_api.routes(),
+        *rooms_api.routes(),
         *speech_api.routes(settings),
         WebSocketRoute("/rooms/{room_id}/ws", room_endpoint),
     ]

@@ -155,13 +155,31 @@ export class JitterBuffer {
   /**
    * The server said how many chunks an utterance has (its `end` message), so a lost last slice
    * does not leave the buffer waiting, and reporting an underrun, forever.
+   * `cut` (`status: 'cancelled'`): a `cancel` stopped it after `chunks` slices. The server sends
+   * nothing past the cut, but a resume racing it may have: any of it queued goes, and so do the
+   * words that start after the cut's last sample (captions stop at the last word heard).
    * @param {number} seq
    * @param {number} chunks
+   * @param {boolean} [cut=false]
    */
-  markEnd(seq, chunks) {
+  markEnd(seq, chunks, cut = false) {
+    if (cut) this.#cut(seq, chunks);
     if (this.utterance?.seq === seq && this.utterance.next >= chunks) this.utterance.ended = true;
     this.endChunks.set(seq, chunks);
     if (this.endChunks.size > 64) this.endChunks.delete(/** @type {number} */ (this.endChunks.keys().next().value));
+  }
+
+  /** @param {number} seq @param {number} chunks */
+  #cut(seq, chunks) {
+    const last = this.queue.find((e) => e.seq === seq && e.chunk === chunks - 1);
+    this.queue = this.queue.filter((e) => e.seq !== seq || e.chunk < chunks);
+    if (chunks === 0) {
+      this.words.delete(seq);
+    } else if (last) {
+      const endUs = last.end - this.delayUs; // on the slices' (and the words') axis
+      this.#keepWords(seq, (w) => w.startUs < endUs);
+    }
+    // Otherwise the cut's last slice already played: no audio of the line is left to fire words.
   }
 
   /**

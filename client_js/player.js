@@ -148,9 +148,13 @@ export class Player {
     return true;
   }
 
-  /** @param {number} seq @param {number} chunks */
-  markEnd(seq, chunks) {
-    this.node?.port.postMessage({ type: 'end', seq, chunks });
+  /**
+   * The utterance's `end`: it has `chunks` slices; `cut`: a `cancel` stopped it there
+   * (JitterBuffer.markEnd).
+   * @param {number} seq @param {number} chunks @param {boolean} [cut=false]
+   */
+  markEnd(seq, chunks, cut = false) {
+    this.node?.port.postMessage({ type: 'end', seq, chunks, cut });
   }
 
   /**

@@ -36,6 +36,8 @@ export const ErrorCode = Object.freeze({
   BUSY: 'busy',
   RATE_LIMITED: 'rate_limited',
   FORBIDDEN: 'forbidden',
+  /** A `cancel` for a line that is not in the room or already finished. */
+  NOT_FOUND: 'not_found',
   /** On a failed `end` (not an `error` message): the engine could not finish the line. */
   SYNTHESIS_FAILED: 'synthesis_failed',
   /** Redis unreachable for a moment: resend the same seq after `retry_after_ms` (dedupe makes it safe). */
@@ -189,6 +191,27 @@ export function encodeSay(seq, text, voice, scene, lexicon) {
   return JSON.stringify(msg);
 }
 
+/**
+ * Stop lines of the room (docs/protocol.md, "cancel"): exactly one of `utterance` (a line by its
+ * room number), `seq` (one of this client's own lines by its `say` seq) or `all: true` (every
+ * line not yet finished that this client may cancel). A line's sender may always cancel it; a
+ * `host` token any line of the room. The server answers `cancelled` or an `error`.
+ * @param {{utterance?: number, seq?: number, all?: boolean}} what
+ * @returns {string}
+ */
+export function encodeCancel(what) {
+  const given = ['utterance', 'seq', 'all'].filter((k) => what?.[/** @type {'utterance'} */ (k)] !== undefined);
+  if (given.length !== 1) throw new TypeError("give exactly one of 'utterance', 'seq' or 'all'");
+  if (what.all !== undefined) {
+    if (what.all !== true) throw new TypeError("'all' must be true");
+    return JSON.stringify({ type: 'cancel', all: true });
+  }
+  const key = given[0];
+  const n = key === 'seq' ? what.seq : what.utterance;
+  if (!Number.isSafeInteger(n) || /** @type {number} */ (n) < 1) throw new RangeError(`${key} must be an integer in 1..${MAX_SEQ}`);
+  return JSON.stringify({ type: 'cancel', [key]: n });
+}
+
 /** @param {number} t  the client's send time, echoed back in `pong` */
 export function encodePing(t) {
   return JSON.stringify({ type: 'ping', t });
@@ -208,7 +231,7 @@ export function encodeResume(seq, chunk) {
 /**
  * @typedef {{type: 'welcome', protocol: number, room: string, client: string, sample_rate: number,
  *   slice_ms: number, voice: string, server_ms: number, codec?: 'pcm16' | 'opus',
- *   role?: 'speaker' | 'listener', lead_ms?: number, claim?: string}} Welcome
+ *   role?: 'speaker' | 'listener' | 'host', lead_ms?: number, claim?: string}} Welcome
  * @typedef {{type: 'accepted', seq: number, utterance: number}} Accepted
  * @typedef {{type: 'start', utterance: number, sender: string, voice: string, text: string,
  *   pts_ms: number, sample_rate: number, restart?: boolean}} Start
@@ -216,13 +239,18 @@ export function encodeResume(seq, chunk) {
  * `start.text` in code points (index `Array.from(text)`, not the UTF-16 string).
  * @typedef {{text: string, start_ms: number, end_ms: number, offset: number, length: number}} WordMark
  * @typedef {{type: 'marks', utterance: number, words: WordMark[]}} Marks
- * @typedef {'ok' | 'failed'} EndStatus
+ * `cancelled`: a `cancel` cut the line; `chunks` slices were sent (the last one fades out) and
+ * nothing after them ever comes.
+ * @typedef {'ok' | 'failed' | 'cancelled'} EndStatus
  * `code` (`synthesis_failed`) and `error` (a short reason) come with `status: 'failed'` only.
  * @typedef {{type: 'end', utterance: number, chunks: number, duration_ms: number,
  *   status: EndStatus, code?: string, error?: string}} End
  * @typedef {{type: 'error', code: string, message: string, seq?: number, retry_after_ms?: number}} ErrorMessage
  * @typedef {{type: 'pong', t: number | null, server_ms: number}} Pong
- * @typedef {Welcome | Accepted | Start | Marks | End | ErrorMessage | Pong} ServerMessage
+ * The answer to a `cancel`: the room numbers of the lines it stopped, sorted (empty for an `all`
+ * that found nothing to stop).
+ * @typedef {{type: 'cancelled', utterances: number[]}} Cancelled
+ * @typedef {Welcome | Accepted | Start | Marks | End | ErrorMessage | Pong | Cancelled} ServerMessage
  */
 
 /**
@@ -248,6 +276,8 @@ const END = { type: true, utterance: true, chunks: true, duration_ms: true, stat
 const ERROR = { type: true, code: true, message: true, seq: true, retry_after_ms: true };
 /** @type {AllKeys<Pong>} */
 const PONG = { type: true, t: true, server_ms: true };
+/** @type {AllKeys<Cancelled>} */
+const CANCELLED = { type: true, utterances: true };
 /** @type {AllKeys<WordMark>} */
 const WORD_MARK = { text: true, start_ms: true, end_ms: true, offset: true, length: true };
 
@@ -263,13 +293,14 @@ export const SERVER_MESSAGE_FIELDS = Object.freeze({
   end: Object.freeze(Object.keys(END)),
   error: Object.freeze(Object.keys(ERROR)),
   pong: Object.freeze(Object.keys(PONG)),
+  cancelled: Object.freeze(Object.keys(CANCELLED)),
 });
 /** The fields of one word of a `marks` message. */
 export const WORD_MARK_FIELDS = Object.freeze(Object.keys(WORD_MARK));
 /** @type {readonly EndStatus[]} */
-export const END_STATUSES = Object.freeze(['ok', 'failed']);
-/** The messages a client sends (encodeSay, encodePing, encodeResume). */
-export const CLIENT_MESSAGE_TYPES = Object.freeze(['say', 'ping', 'resume']);
+export const END_STATUSES = Object.freeze(['ok', 'failed', 'cancelled']);
+/** The messages a client sends (encodeSay, encodePing, encodeResume, encodeCancel). */
+export const CLIENT_MESSAGE_TYPES = Object.freeze(['say', 'ping', 'resume', 'cancel']);
 
 /**
  * The fields parseServerMessage insists on; servers of this protocol version always send them.
@@ -283,6 +314,7 @@ export const REQUIRED_FIELDS = Object.freeze({
   end: ['utterance'],
   error: ['code'],
   pong: ['server_ms'],
+  cancelled: ['utterances'],
 });
 
 /**
@@ -308,5 +340,8 @@ export function parseServerMessage(text) {
     if (!(field in obj)) throw new ProtocolError(`'${obj.type}' message lacks '${field}'`);
   }
   if (obj.type === 'marks' && !Array.isArray(obj.words)) throw new ProtocolError("'marks' words is not a list");
+  if (obj.type === 'cancelled' && !Array.isArray(obj.utterances)) {
+    throw new ProtocolError("'cancelled' utterances is not a list");
+  }
   return obj;
 }

@@ -5,7 +5,7 @@ import { ClockSync } from './clock.js';
 import { OpusFrameDecoder } from './opus.js';
 import { Player } from './player.js';
 import {
-  CODEC_OPUS, CODEC_PCM16, ProtocolError, decodeAudioFrame, encodePing, encodeSay, parseServerMessage,
+  CODEC_OPUS, CODEC_PCM16, ProtocolError, decodeAudioFrame, encodeCancel, encodePing, encodeSay, parseServerMessage,
 } from './protocol.js';
 import { ReconnectPolicy } from './reconnect.js';
 import { ResumePosition } from './resume.js';
@@ -17,6 +17,8 @@ const FAST_PINGS = 20;
 const FAST_PING_MS = 500;
 /** `say` calls waiting for `accepted` (including while reconnecting); past this they fail at once. */
 const MAX_PENDING_SAYS = 32;
+/** Cancels waiting for their answer; one is on the wire at a time (see cancel()). */
+const MAX_PENDING_CANCELS = 16;
 const STATS_EVERY_MS = 250;
 /** Words in one `marks` message (a line is at most 500 code points); more is a bad message. */
 const MAX_MARKED_WORDS = 1024;
@@ -45,6 +47,8 @@ const SEQ_TICK_MS = 250;
  * @property {{baseMs?: number, maxMs?: number, maxAttempts?: number}} [reconnect]
  * @property {typeof WebSocket} [WebSocket]  an implementation to use instead of the global one
  * @property {(word: WordInfo) => void} [onWord]  called for each word as it is heard (see WordInfo)
+ * @property {(cut: CutInfo) => void} [onCancelled]  called when a line of the room is cut by a
+ *   `cancel` (anyone's: its `end` came with `status: 'cancelled'`); also the `cut` event
  *
  * @typedef {object} WordInfo  one word (a character in Chinese) of a line, as it is heard: the
  *   `word` event's detail and onWord's argument. Fired from the playout clock when the audio
@@ -60,6 +64,12 @@ const SEQ_TICK_MS = 250;
  * @property {number} endMs  when it ends, room clock: unhighlight then, or at the next word
  * @property {number} roomMs  when the playhead reached it (startMs, or later for marks that came late)
  * @property {string | undefined} line  the whole line
+ * @property {boolean} own  one of our own lines
+ *
+ * @typedef {object} CutInfo  a line of the room stopped by a `cancel`: onCancelled's argument
+ * @property {number} utterance
+ * @property {number} chunks  the slices it had when cut: nothing after them plays
+ * @property {number} durationMs  what was heard of it
  * @property {boolean} own  one of our own lines
  *
  * @typedef {object} VoxroomStats
@@ -105,6 +115,8 @@ export class VoxroomClient extends EventTarget {
     this.clientId = options.clientId ?? randomId();
     /** @type {((word: WordInfo) => void) | null} called for each word as it is heard; also the `word` event */
     this.onWord = options.onWord ?? null;
+    /** @type {((cut: CutInfo) => void) | null} called when a line of the room is cut; also the `cut` event */
+    this.onCancelled = options.onCancelled ?? null;
     /** @type {'pcm16' | 'opus'} */
     this.codec = options.codec === 'opus' && typeof globalThis.AudioDecoder === 'function' ? 'opus' : 'pcm16';
     this.opus = this.codec === 'opus'
@@ -122,6 +134,8 @@ export class VoxroomClient extends EventTarget {
   /** @type {ReturnType<typeof setInterval> | undefined} */ #statsTimer;
   /** @type {Map<number, {frame: string, sentMs: number, resolve: Function, reject: Function}>} */
   #pending = new Map();
+  /** cancels in the order sent; the head is the one on the wire */
+  /** @type {{frame: string, sent: boolean, resolve: Function, reject: Function}[]} */ #cancels = [];
   /** utterance -> when our say for it was sent (performance.now), for time-to-first-audio */
   /** @type {Map<number, number>} */ #ours = new Map();
   /** @type {Map<number, import('./protocol.js').Start>} */ #starts = new Map();
@@ -195,6 +209,66 @@ export class VoxroomClient extends EventTarget {
   }
 
   /**
+   * Stop lines of the room: `{utterance: N}` one line by its room number (say()'s `utterance`,
+   * or a `start` event's), `{seq: S}` one of this client's own lines by its say() seq. A line's
+   * sender may always cancel it; a `host` token any line of the room; a listener none. A playing
+   * line is cut for every listener at the same slice (its `end` comes with `status:
+   * 'cancelled'`); a queued one is never heard. Resolves with the room numbers cancelled;
+   * rejects with an Error carrying `code`: `not_found` (unknown or already finished),
+   * `forbidden`, `rate_limited` or `unavailable` (with `retryAfterMs`).
+   * One cancel is on the wire at a time (the server answers a connection's frames in order, and
+   * a cancel's answer names no request): the others wait here, sent after a reconnect too.
+   * @param {{utterance?: number, seq?: number}} what
+   * @returns {Promise<number[]>}
+   */
+  cancel(what) {
+    if (what && 'all' in what) return Promise.reject(new TypeError('use clear() to cancel every line'));
+    return this.#cancel(what);
+  }
+
+  /**
+   * Clear the room: cancel every line not yet finished that this client may cancel (its own;
+   * every line with a `host` token), the playing one and every queued one. Resolves with the
+   * room numbers cancelled, possibly none.
+   * @returns {Promise<number[]>}
+   */
+  clear() {
+    return this.#cancel({ all: true });
+  }
+
+  /** @param {{utterance?: number, seq?: number, all?: boolean}} what @returns {Promise<number[]>} */
+  #cancel(what) {
+    if (this.#cancels.length >= MAX_PENDING_CANCELS) {
+      return Promise.reject(Object.assign(new Error('too many cancels waiting for the server'), { code: 'busy' }));
+    }
+    let frame;
+    try {
+      frame = encodeCancel(what);
+    } catch (err) {
+      return Promise.reject(Object.assign(/** @type {Error} */ (err), { code: 'bad_message' }));
+    }
+    return new Promise((resolve, reject) => {
+      this.#cancels.push({ frame, sent: false, resolve, reject });
+      this.#sendCancel();
+    });
+  }
+
+  #sendCancel() {
+    const head = this.#cancels[0];
+    if (head && !head.sent && this.state === 'open' && this.ws?.readyState === 1) {
+      head.sent = true;
+      this.#send(head.frame);
+    }
+  }
+
+  /** @param {{resolve: Function, reject: Function}} settle */
+  #settleCancel(settle) {
+    this.#cancels.shift();
+    this.#sendCancel();
+    return settle;
+  }
+
+  /**
    * Start audio the browser held back (stats.audio === 'suspended'): call from a click or key
    * press. connect() from a gesture makes this unnecessary.
    */
@@ -214,6 +288,8 @@ export class VoxroomClient extends EventTarget {
     this.#setState('closed');
     for (const p of this.#pending.values()) p.reject(Object.assign(new Error('client closed'), { code: 'closed' }));
     this.#pending.clear();
+    for (const c of this.#cancels) c.reject(Object.assign(new Error('client closed'), { code: 'closed' }));
+    this.#cancels = [];
     this.#firstWelcome?.reject(Object.assign(new Error('client closed before the welcome'), { code: 'closed' }));
     this.#firstWelcome = null;
     this.opus?.close();
@@ -333,11 +409,28 @@ export class VoxroomClient extends EventTarget {
       case 'end':
         if (this.position.holds('end', msg.utterance)) return; // an older gateway's resend
         this.position.end(msg.utterance);
-        this.player.markEnd(msg.utterance, msg.chunks);
+        this.player.markEnd(msg.utterance, msg.chunks, msg.status === 'cancelled');
         this.#emit('end', { ...msg, own: this.#ours.has(msg.utterance) });
+        if (msg.status === 'cancelled') {
+          /** @type {CutInfo} */
+          const cut = { utterance: msg.utterance, chunks: msg.chunks, durationMs: msg.duration_ms,
+            own: this.#ours.has(msg.utterance) };
+          try {
+            this.onCancelled?.(cut);
+          } catch (err) {
+            setTimeout(() => { throw err; }); // the page's bug: reported, the client goes on
+          }
+          this.#emit('cut', cut);
+        }
         return;
       case 'error': return this.#onError(msg);
       case 'marks': return this.#onMarks(msg);
+      case 'cancelled': {
+        const head = this.#cancels[0];
+        if (head?.sent) this.#settleCancel(head).resolve(msg.utterances);
+        this.#emit('cancelled', msg);
+        return;
+      }
       default:
         return;
     }
@@ -358,6 +451,10 @@ export class VoxroomClient extends EventTarget {
     this.#ping();
     // What we missed while away was asked for in the URL (see url): nothing to send for it here.
     for (const p of this.#pending.values()) this.#send(p.frame);
+    // A cancel whose answer the drop lost goes again: `all` is idempotent; a line cut by the
+    // first is answered `not_found` by the second.
+    if (this.#cancels[0]) this.#cancels[0].sent = false;
+    this.#sendCancel();
     this.#emit('welcome', msg);
     this.#firstWelcome?.resolve(msg);
     this.#firstWelcome = null;
@@ -372,6 +469,9 @@ export class VoxroomClient extends EventTarget {
       // A resend after a reconnect of a line the server already took: it was spoken, not an error.
       if (msg.code === 'duplicate') p.resolve({ seq: msg.seq, utterance: null });
       else p.reject(Object.assign(new Error(msg.message), detail));
+    } else if (msg.seq === undefined && this.#cancels[0]?.sent) {
+      // This client's own frames are well formed: an error that names no say answers the cancel.
+      this.#settleCancel(this.#cancels[0]).reject(Object.assign(new Error(msg.message), detail));
     }
     this.#emit('error', detail);
   }

@@ -36,7 +36,7 @@ class PlayerProcessor extends AudioWorkletProcessor {
         this.head.setMapping(m.a, m.b);
         break;
       case 'end':
-        this.jb.markEnd(m.seq, m.chunks);
+        this.jb.markEnd(m.seq, m.chunks, m.cut === true);
         break;
       case 'marks':
         this.jb.addMarks(m.seq, m.words);

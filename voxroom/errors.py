@@ -109,3 +109,19 @@ class TakesDiffer(ResponseCut):
     the same audio: continuing would splice two different takes (app/api/speech_takes.py)."""
 
     reason = "takes_differ"
+
+
+class LineCancelled(OwnershipLost):
+    """Redis refused a write for a job that is still ours and in its turn because its line was
+    cancelled (``cancel``): nothing of that write landed. The publisher ends the line at the cut
+    (a fade-out slice and an ``end`` ``cancelled``), or passes its turn when nothing of it was
+    written yet. Anything else that sees it treats it as :class:`OwnershipLost`."""
+
+
+class CancelRefused(VoxroomError):
+    """A ``cancel`` that cancels nothing: ``code`` ``not_found`` (no such line not yet finished) or
+    ``forbidden`` (another client's line, and the canceller is no host)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code

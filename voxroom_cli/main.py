@@ -249,7 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker.set_defaults(func=cmd_worker)
     token = sub.add_parser("token", help="mint a signed room token (JWT, HS256)")
     token.add_argument("--room", required=True, help="a room id, or * for every room")
-    token.add_argument("--role", choices=["speaker", "listener"], default="speaker")
+    token.add_argument("--role", choices=["speaker", "listener", "host"], default="speaker",
+                       help="host: a speaker that may also cancel other clients' lines")
     token.add_argument("--ttl", type=int, default=3600, help="seconds until it expires (default 3600)")
     token.add_argument("--subject", help="the client id the token speaks as (optional)")
     token.add_argument("--secret", help="default: $VOXROOM_JWT_SECRET")

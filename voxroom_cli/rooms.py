@@ -67,6 +67,8 @@ def render_room(summary: RoomSummary, utterances: Sequence[dict[str, str]], pend
         parts[-1:-1] = [f"voice switch: {s.switch}"]
 
     def status(seq: int) -> str:
+        if seq in s.cancelled:
+            return "cancelled"
         return "played" if seq < s.next_seq else "playing" if seq == s.next_seq else "waiting"
 
     parts.append(table(["seq", "age s", "status", "sender", "voice", "text"],

@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("voxroom.gateway.admission")
 
-OPEN_GRANT_ROLE: tokens.Role = "speaker"
+OPEN_GRANT_ROLE: tokens.Role = "host"
+"""Under ``--insecure-dev`` every client may speak and cancel any line of its room (issue 30)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from app.fanout.connection import ClientConnection
 from app.fanout.hub import ResumeRefused
 from app.fanout.resume import ResumePoint, parse
 from app.fanout.transport import limit_send_buffer
+from app.ingress.cancel import cancel_lines
 from app.ingress.say import store_line
 from app.room.admission import Refused, admit, claim_identity, record_flood, release_identity
 from app.room.identity import claim_secret
@@ -204,6 +205,16 @@ async def _handle(msg: protocol.ClientMessage, conn: ClientConnection, state: Ga
         return
     if isinstance(msg, protocol.Resume):
         await _resume_message(msg, conn, state, limits)
+        return
+    if isinstance(msg, protocol.Cancel):
+        if not grant.can_speak:
+            raise ProtocolError(ErrorCode.FORBIDDEN, "a listener token cannot cancel lines")
+        # The same bucket as says: each cancel is a script call on the room's state.
+        wait_s = limits.says.take(time.monotonic())
+        if wait_s:
+            raise ProtocolError(ErrorCode.RATE_LIMITED, "too many cancels; slow down",
+                                retry_after_ms=int(wait_s * 1000) + 1)
+        await cancel_lines(msg, conn, state, host=grant.can_cancel_any)
         return
     if not grant.can_speak:
         raise ProtocolError(ErrorCode.FORBIDDEN, "a listener token cannot speak", seq=msg.seq)

@@ -66,6 +66,17 @@ $('say-form').addEventListener('submit', async (/** @type {Event} */ e) => {
   }
 });
 
+// Stop: clear the room of this client's lines (a host token's: of every line).
+$('stop').addEventListener('click', async () => {
+  if (!client) return;
+  showError('');
+  try {
+    await client.clear();
+  } catch (err) {
+    showError(`${/** @type {any} */ (err).code ?? 'error'}: ${/** @type {Error} */ (err).message}`);
+  }
+});
+
 /** @param {VoxroomClient} c */
 function wire(c) {
   c.addEventListener('state', (/** @type {any} */ e) => {
@@ -74,7 +85,7 @@ function wire(c) {
     $('state').textContent = STATE_TEXT[/** @type {keyof typeof STATE_TEXT} */ (state)] +
       (retryInMs ? ` (in ${(retryInMs / 1000).toFixed(1)} s)` : '');
     const open = state === 'open';
-    for (const id of ['text', 'send', 'voice']) $(id).disabled = !open && state !== 'reconnecting';
+    for (const id of ['text', 'send', 'voice', 'stop']) $(id).disabled = !open && state !== 'reconnecting';
     if (open) $('text').focus();
   });
   c.addEventListener('start', (/** @type {any} */ e) => addRow(e.detail));

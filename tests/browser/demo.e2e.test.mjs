@@ -45,7 +45,7 @@ async function join(room, rate, codec = 'pcm16') {
   await page.evaluate(() => {
     const w = /** @type {any} */ (window);
     w.events = [];
-    for (const type of ['start', 'end', 'playing', 'finished', 'error']) {
+    for (const type of ['start', 'end', 'playing', 'finished', 'error', 'cancelled']) {
       w.voxroomDemo.client.addEventListener(type, (/** @type {any} */ e) => w.events.push({ type, ...e.detail }));
     }
   });
@@ -172,4 +172,56 @@ test('demo page: a line is rendered, loud and as long as the utterance, in step 
     + `${rc.tap.spanMs.toFixed(0)} ms of ${end.duration_ms} ms (extent ${extentMs.toFixed(0)} ms); start skew ${skewMs.toFixed(1)} ms; `
     + `${steps}; time to first audio ${ttfa.toFixed(0)} ms; A ${counts(ra)}; B ${counts(rb)}; C ${counts(rc)}`);
   await Promise.all([a, b, c].map((p) => p.page.close()));
+});
+
+test('demo page: Stop cuts the playing line on every page at the same slice; the queued line is never heard', { skip, timeout: 180_000 }, async () => {
+  const room = `e2e-stop-${Date.now().toString(36)}`;
+  const a = await join(room, 48000);
+  const b = await join(room, 44100);
+  const long = 'The night is long and the village sleeps while the wolves choose. '.repeat(4);
+  await a.page.fill('#text', long);
+  await a.page.click('#send');
+  await a.page.fill('#text', 'This line waits behind the first one and is never heard.');
+  await a.page.click('#send');
+  const utterance = await a.page.waitForFunction(() => {
+    const p = /** @type {any} */ (window).events.find((e) => e.type === 'playing' && e.own);
+    return p ? p.utterance : null;
+  }, null, { timeout: 60_000 }).then((h) => h.jsonValue());
+  await a.page.waitForTimeout(1500); // well inside the line (about 15 s of speech)
+  await a.page.click('#stop');
+  const cancelled = await a.page.waitForFunction(() => {
+    const c = /** @type {any} */ (window).events.find((e) => e.type === 'cancelled');
+    return c ? c.utterances : null;
+  }, null, { timeout: 30_000 }).then((h) => h.jsonValue());
+  assert.deepEqual(cancelled, [utterance, utterance + 1], 'the playing line and the queued one');
+  await Promise.all([a, b].map((p) => waitFinished(p.page, utterance)));
+  await a.page.waitForTimeout(1500); // a queued line would have started by now
+  const [ra, rb] = await Promise.all([a, b].map((p) => waitFinished(p.page, utterance)));
+  const report = [['A', ra], ['B', rb]].map(([n, r]) => `${n}: ${JSON.stringify(r.events)} ${JSON.stringify(r.stats)}`)
+    .join('\n');
+  const ends = [ra, rb].map((r) => r.events.find((e) => e.type === 'end'));
+  for (const end of ends) {
+    assert.equal(end?.status, 'cancelled', report);
+    assert.equal(end.duration_ms, end.chunks * SLICE_MS, report);
+  }
+  assert.equal(ends[0].chunks, ends[1].chunks, `both pages cut at the same slice\n${report}`);
+  assert.ok(ends[0].chunks > 10 && ends[0].chunks < 300, `cut inside the line: ${ends[0].chunks} slices\n${report}`);
+  for (const p of [a, b]) {
+    const starts = await p.page.evaluate(() => /** @type {any} */ (window).events.filter((e) => e.type === 'start')
+      .map((e) => e.utterance));
+    assert.deepEqual(starts, [utterance], 'the queued line never starts');
+  }
+  for (const r of [ra, rb]) {
+    const start = r.events.find((e) => e.type === 'start');
+    const cutMs = start.pts_ms + ends[0].chunks * SLICE_MS;
+    // Heard up to the cut, silent after it: the last slice fades out, nothing of the line follows.
+    const after = r.envelope.filter(([t]) => t > cutMs + 5).map(([, p]) => p);
+    const before = r.envelope.filter(([t]) => t > start.pts_ms && t < cutMs - SLICE_MS).map(([, p]) => p);
+    assert.ok(after.length > 300 && Math.max(...after) < 0.01, `audio after the cut: ${Math.max(...after)}\n${report}`);
+    assert.ok(Math.max(...before) > 0.1, `the line was heard before the cut\n${report}`);
+    assert.equal(r.stats.underruns, 0, report);
+  }
+  assert.deepEqual([...a.problems, ...b.problems], []);
+  console.log(`# stop: cut after ${ends[0].chunks} slices (${ends[0].duration_ms} ms) on both pages`);
+  await Promise.all([a, b].map((p) => p.page.close()));
 });

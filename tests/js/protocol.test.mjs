@@ -6,7 +6,7 @@ import { existsSync, readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import {
   AUDIO_HEADER_BYTES, CODEC_PCM16, END_STATUSES, ErrorCode, ProtocolError, SERVER_MESSAGE_FIELDS, decodeAudioFrame,
-  encodeAudioFrame, encodePing, encodeResume, encodeSay, parseServerMessage, pcm16ToFloat32,
+  encodeAudioFrame, encodeCancel, encodePing, encodeResume, encodeSay, parseServerMessage, pcm16ToFloat32,
 } from '../../client_js/protocol.js';
 
 const root = fileURLToPath(new URL('../../', import.meta.url));
@@ -145,4 +145,21 @@ test('a type named like an Object.prototype key is an unknown type, not a crash'
   for (const type of ['toString', 'constructor', '__proto__', 'hasOwnProperty']) {
     assert.equal(parseServerMessage(JSON.stringify({ type })).type, type);
   }
+});
+
+test('encodeCancel writes exactly one of utterance, seq or all, and refuses anything else', () => {
+  assert.deepEqual(JSON.parse(encodeCancel({ utterance: 41 })), { type: 'cancel', utterance: 41 });
+  assert.deepEqual(JSON.parse(encodeCancel({ seq: 6 })), { type: 'cancel', seq: 6 });
+  assert.deepEqual(JSON.parse(encodeCancel({ all: true })), { type: 'cancel', all: true });
+  assert.throws(() => encodeCancel({}), TypeError);
+  assert.throws(() => encodeCancel({ utterance: 1, seq: 2 }), TypeError);
+  assert.throws(() => encodeCancel({ all: false }), TypeError);
+  assert.throws(() => encodeCancel({ utterance: 0 }), RangeError);
+  assert.throws(() => encodeCancel({ seq: 1.5 }), RangeError);
+});
+
+test('a cancelled answer must carry its list', () => {
+  assert.deepEqual(parseServerMessage('{"type":"cancelled","utterances":[3,4]}'), { type: 'cancelled', utterances: [3, 4] });
+  assert.throws(() => parseServerMessage('{"type":"cancelled"}'), ProtocolError);
+  assert.throws(() => parseServerMessage('{"type":"cancelled","utterances":3}'), ProtocolError);
 });

@@ -200,3 +200,36 @@ test('memory: words are released when their utterance finishes or its audio neve
   assert.ok(jb.words.get(500).length <= 1024);
   assert.ok(!jb.words.has(1), 'the oldest utterances go first');
 });
+
+test('a cancelled line: nothing past the cut plays, its words stop at the last one heard, the next line follows', () => {
+  const dev = new FakeDevice();
+  const words = marks(LINE_1, T1);
+  dev.jb.addMarks(1, words);
+  // A resume racing the cut delivered the whole take; the `end` says the cut kept 10 slices.
+  for (const s of slices(1, T1, 30)) dev.jb.push(s);
+  const cutUs = T1 + 10 * SLICE_US;
+  dev.runUntil(T1 + 2 * SLICE_US);
+  dev.jb.markEnd(1, 10, true);
+  const next = slices(2, cutUs, 5);
+  for (const s of next) dev.jb.push(s);
+  const heard = [];
+  while (dev.head.posUs === null || dev.head.posUs < cutUs + 6 * SLICE_US) {
+    const from = dev.head.posUs ?? 0;
+    dev.runUntil(from + 1);
+    heard.push({ atUs: from, level: Math.max(...dev.out.map(Math.abs)) });
+  }
+
+  const expected = words.filter((w) => w.startUs < cutUs).map((w) => `1:${w.text}@${w.startUs}`);
+  assert.ok(expected.length > 0 && expected.length < words.length, 'the cut falls inside the line');
+  assert.deepEqual(dev.words(), expected, 'every word before the cut, none after');
+  assert.equal(dev.jb.queue.filter((e) => e.seq === 1).length, 0, 'nothing of the line left queued');
+  const ends = dev.log.filter((l) => l.e.type === 'finish' || l.e.type === 'begin').map((l) => `${l.e.type}:${l.e.seq}`);
+  assert.deepEqual(ends, ['begin:1', 'finish:1', 'begin:2', 'finish:2']);
+  const finish1 = dev.log.find((l) => l.e.type === 'finish' && l.e.seq === 1).e;
+  assert.equal(finish1.atUs, cutUs, 'the line ends at its cut');
+  // Line 2 plays right after the cut: no silent quantum between them, no underrun.
+  assert.ok(heard.filter((h) => h.atUs >= T1 && h.atUs < cutUs + 5 * SLICE_US - 3000).every((h) => h.level > 0.1),
+    'gapless across the cut');
+  assert.equal(dev.jb.stats().underruns, 0);
+  assert.equal(dev.jb.words.size, 0, 'the words past the cut are released');
+});

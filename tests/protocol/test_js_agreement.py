@@ -33,7 +33,8 @@ process.stdout.write(JSON.stringify({
   wordMarkFields: p.WORD_MARK_FIELDS, endStatuses: p.END_STATUSES, clientTypes: p.CLIENT_MESSAGE_TYPES,
   parsed,
   client: [p.encodeSay(5, 'Night falls, 村民.', 'en-joe'), p.encodeSay(6, 'Hi', undefined, { emotion: 'calm' }),
-           p.encodePing(12.5), p.encodeResume(4, 17)],
+           p.encodePing(12.5), p.encodeResume(4, 17), p.encodeCancel({ utterance: 41 }),
+           p.encodeCancel({ seq: 6 }), p.encodeCancel({ all: true })],
 }));
 """
 
@@ -70,6 +71,8 @@ def server_frames() -> list[str]:
         protocol.encode_server_message(protocol.error_message(ErrorCode.BUSY, "room full", seq=6,
                                                               retry_after_ms=750)),
         protocol.encode_server_message({"type": "pong", "t": 12.5, "server_ms": 1764546000001.0}),
+        protocol.encode_server_message(protocol.cancelled_message([43, 41])),
+        via_gateway(end_message(41, chunks=12, duration_ms=480.0, cancelled=True)),
     ]
 
 
@@ -117,13 +120,17 @@ def test_every_server_message_parses_in_js_to_the_same_fields(js: dict[str, Any]
     failed = json.loads(frames[5])
     assert (failed["status"], failed["code"], failed["error"]) == ("failed", "synthesis_failed",
                                                                    "RuntimeError: engine gone")
+    assert js["parsed"][8]["ok"] == {"type": "cancelled", "utterances": [41, 43]}
+    cut = js["parsed"][9]["ok"]
+    assert (cut["status"], cut["chunks"], "code" in cut) == ("cancelled", 12, False)
 
 
 def test_every_client_message_js_writes_parses_in_python(js: dict[str, Any]) -> None:
     messages = [protocol.parse_client_message(protocol.decode_client_frame(text)) for text in js["client"]]
     assert messages == [protocol.Say(seq=5, text="Night falls, 村民.", voice="en-joe"),
                         protocol.Say(seq=6, text="Hi", scene={"emotion": "calm"}),
-                        protocol.Ping(t=12.5), protocol.Resume(seq=4, chunk=17)]
+                        protocol.Ping(t=12.5), protocol.Resume(seq=4, chunk=17), protocol.Cancel(utterance=41),
+                        protocol.Cancel(seq=6), protocol.Cancel(all=True)]
     assert {m.type for m in messages} == set(protocol.CLIENT_MESSAGES)
     # The same objects msgpack-encoded in binary frames, as a client may send them.
     assert [protocol.parse_client_message(protocol.decode_client_frame(msgpack.packb(json.loads(t))))

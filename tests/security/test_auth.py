@@ -104,7 +104,7 @@ REFUSALS: list[tuple[str, Callable[[str], str | None], str]] = [
     ("no exp", lambda room: signed_claims({"room": room, "role": "speaker"}), "token lacks the 'exp' claim"),
     ("no role", lambda room: signed_claims({"room": room, "exp": LATER}), "token lacks the 'role' claim"),
     ("role admin", lambda room: signed_claims({"room": room, "role": "admin", "exp": LATER}),
-     "token role must be speaker or listener"),
+     "token role must be speaker, listener or host"),
 ]
 
 

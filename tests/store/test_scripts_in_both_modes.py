@@ -134,8 +134,10 @@ class _Mode:
             r.hset(keys.room_state(room), "owner:1", f"1|{CONSUMER}|{SHARD}/1-0")
             self.fence_key, self.a, self.b = keys.room_state(room), "owner:1", f"1|{CONSUMER}|{SHARD}/1-0"
 
-    def publish(self, entries: list[dict[str, Any]], *, b: str | None = None, started: str = "") -> Any:
-        argv: list[Any] = [120_000, 3600, self.a, self.b if b is None else b, 1, "0", started, "1", len(entries)]
+    def publish(self, entries: list[dict[str, Any]], *, b: str | None = None, started: str = "",
+                final: bool = False) -> Any:
+        argv: list[Any] = [120_000, 3600, self.a, self.b if b is None else b, 1, "0", started, "1",
+                           "1" if final else "0", len(entries)]
         for fields in entries:
             argv.append(len(fields))
             for name, value in fields.items():
@@ -143,10 +145,20 @@ class _Mode:
         return self.r.eval(self.scripts.publish, 3, self.fence_key, keys.room_output(self.room),
                            keys.room_state(self.room), *argv)[0]
 
-    def finish(self, *, b: str | None = None) -> Any:
+    def finish(self, *, b: str | None = None, cut: bool = False) -> Any:
         return self.r.eval(self.scripts.finish, 3, self.fence_key, keys.room_output(self.room),
                            keys.room_state(self.room), self.a, self.b if b is None else b, 120_000, 3600, "0", 2,
-                           "1234.000", "kind", "end", "seq", 1, "status", "ok")
+                           "1234.000", "1" if cut else "0", "kind", "end", "seq", 1,
+                           "status", "cancelled" if cut else "ok")
+
+    def pass_turn(self) -> Any:
+        return self.r.eval(self.scripts.pass_turn, 3, self.fence_key, keys.room_output(self.room),
+                           keys.room_state(self.room), self.a, self.b, 1)
+
+    def cancel(self, what: str, number: int | str, who: str, *, host: bool = False) -> Any:
+        return self.r.eval(self.scripts.cancel, 4, keys.room_state(self.room), keys.room_utterances(self.room),
+                           keys.room_seq(self.room), keys.room_output(self.room), what, number, who,
+                           "1" if host else "0")
 
     def skip(self, seq: int) -> Any:
         return self.r.eval(self.scripts.skip, 2, self.fence_key, keys.room_state(self.room), self.a, self.b, seq)
@@ -216,3 +228,67 @@ def test_a_line_never_stored_is_stored_when_resent_after_a_later_one_in_both_mod
     assert single.hgetall(keys.room_senders(room)) == cluster.hgetall(keys.room_senders(room))
     gaps = single.hget(keys.room_senders(room), "alice|gaps")
     assert gaps is not None and sorted(map(int, gaps.split())) == [n for n in range(69, 100) if n != 90]
+
+
+def _two_lines(r: redis.Redis, room: str) -> None:
+    """Lines 1 (alice's say seq 7) and 2 (bob's seq 3) accepted, as the say script leaves them."""
+    r.set(keys.room_seq(room), 2)
+    r.xadd(keys.room_utterances(room), {"seq": 1, "text": "one", "sender": "alice", "client_seq": 7})
+    r.xadd(keys.room_utterances(room), {"seq": 2, "text": "two", "sender": "bob", "client_seq": 3})
+
+
+def test_cancel_finds_and_refuses_the_same_lines_in_both_modes(dbs: tuple[redis.Redis, redis.Redis]) -> None:
+    """Issue 30: who may cancel which line, by room number, by say seq, or all of them."""
+    for mode in _modes(dbs, "cancels"):
+        _two_lines(mode.r, mode.room)
+        assert mode.cancel("utterance", 9, "alice") == [-1]  # no such line
+        assert mode.cancel("utterance", 2, "alice") == [-2]  # bob's, and alice is no host
+        assert mode.cancel("seq", 3, "alice") == [-1]  # alice never said seq 3
+        assert mode.cancel("seq", 7, "alice") == [1, 1]
+        assert mode.cancel("all", "", "carol") == [1]  # nothing of carol's: found nothing, no error
+        assert mode.cancel("all", "", "carol", host=True) == [1, 2]  # line 1 is cancelled already
+        assert mode.r.hget(keys.room_state(mode.room), "cancelled") == "1 2"
+        assert mode.cancel("utterance", 1, "carol", host=True) == [-1]  # cancelled already: not found
+        mode.r.hset(keys.room_state(mode.room), "next", 3)  # both finished
+        assert mode.cancel("utterance", 1, "alice") == [-1]
+    single, cluster = dbs
+    out = [_entries(r, keys.room_output("cancels")) for r in (single, cluster)]
+    assert out[0] == out[1] == [{"kind": "cancel", "utterances": "1"}, {"kind": "cancel", "utterances": "2"}]
+
+
+def test_a_cancelled_line_is_cut_or_passed_the_same_in_both_modes(dbs: tuple[redis.Redis, redis.Redis]) -> None:
+    for mode in _modes(dbs, "cut"):
+        _two_lines(mode.r, mode.room)
+        assert mode.publish([{"kind": "start", "seq": 1}, {"kind": "chunk", "seq": 1, "chunk": 0}],
+                            started="1") == 1
+        assert mode.cancel("utterance", 1, "alice") == [1, 1]
+        assert mode.publish([{"kind": "chunk", "seq": 1, "chunk": 1}]) == -2  # refused: cancelled
+        assert mode.finish() == -2  # an ok end too
+        assert mode.publish([{"kind": "chunk", "seq": 1, "chunk": 1, "fade": 1}], final=True) == 1
+        assert mode.finish(cut=True) == 1
+        assert mode.pass_turn() in (0, -1)  # done already
+    single, cluster = dbs
+    out = [_entries(r, keys.room_output("cut")) for r in (single, cluster)]
+    assert out[0] == out[1] == [
+        {"kind": "start", "seq": "1"}, {"kind": "chunk", "seq": "1", "chunk": "0"},
+        {"kind": "cancel", "utterances": "1"}, {"kind": "chunk", "seq": "1", "chunk": "1", "fade": "1"},
+        {"kind": "end", "seq": "1", "status": "cancelled"}]
+    state = [r.hgetall(keys.room_state("cut")) for r in (single, cluster)]
+    assert state[0] == state[1] == {"next": "2", "end_ms": "1234.000", "started": "1",
+                                      "cancelled_recent": "1"}  # not cancelled any more; shown as cut
+
+
+def test_a_line_cancelled_before_it_began_is_passed_the_same_in_both_modes(
+        dbs: tuple[redis.Redis, redis.Redis]) -> None:
+    for mode in _modes(dbs, "passed"):
+        _two_lines(mode.r, mode.room)
+        assert mode.cancel("utterance", 1, "alice") == [1, 1]
+        assert mode.publish([{"kind": "start", "seq": 1}], started="1") == -2
+        assert mode.pass_turn() == 1
+        assert mode.pass_turn() == 0  # done: no longer this worker's
+    single, cluster = dbs
+    out = [_entries(r, keys.room_output("passed")) for r in (single, cluster)]
+    assert out[0] == out[1] == [{"kind": "cancel", "utterances": "1"}, {"kind": "pass", "seq": "1"}]
+    assert single.hgetall(keys.room_state("passed")) == cluster.hgetall(keys.room_state("passed")) == {"next": "2",
+                                                                                         "cancelled_recent": "1"}
+    assert single.xpending(keys.JOBS, keys.JOBS_GROUP)["pending"] == 0  # passed: acked

@@ -55,10 +55,10 @@ def resume_point(got: Received) -> str | None:
 
 class RoomClient:
     def __init__(self, port: int, room: str, *, client: str | None = None, host: str = "127.0.0.1",
-                 resume: str | None = None) -> None:
+                 resume: str | None = None, token: str | None = None) -> None:
         """``resume``: what this client already holds (``?resume=``, docs/protocol.md), e.g.
-        ``resume_point(received)``."""
-        query = {k: v for k, v in (("client", client), ("resume", resume)) if v}
+        ``resume_point(received)``; ``token``: a room token (auth on)."""
+        query = {k: v for k, v in (("client", client), ("resume", resume), ("token", token)) if v}
         self.url = f"ws://{host}:{port}/rooms/{room}/ws" + (f"?{urlencode(query)}" if query else "")
         self.got = Received()
         self.ws: websockets.ClientConnection | None = None

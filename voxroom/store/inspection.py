@@ -63,6 +63,9 @@ class RoomSummary:
     """A voice switch spread over lines, still running: ``a -> b, next line 2 of 3`` (lines
     counted from 1); empty when none."""
 
+    cancelled: frozenset[int] = frozenset()
+    """Lines a ``cancel`` stopped, the room's last 32 (``:state`` ``cancelled_recent``)."""
+
     @property
     def gone(self) -> bool:
         """Nothing of the room is left in Redis (its ``vx:rooms`` entry is stale)."""
@@ -121,7 +124,8 @@ def room_summaries(r: Client, layout: Layout, room_ids: Sequence[str],
             room=room, idle_s=(now - float(score)) / 1000.0 if score is not None else float("nan"),
             last_seq=int(seq or 0), next_seq=int(st.get("next") or 1), voice=st.get("voice", ""),
             utterances=int(n_utt), output_entries=int(n_out), backlog_ms=max(0.0, end_ms - now),
-            expires_s=_expires_s(pttls), switch=_switch(st)))
+            expires_s=_expires_s(pttls), switch=_switch(st),
+            cancelled=frozenset(int(n) for n in st.get("cancelled_recent", "").split() if n.isdigit())))
     return out
 
 

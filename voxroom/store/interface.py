@@ -101,7 +101,25 @@ class Ingress(Protocol):
     async def say(self, room: str, sender: str, client_seq: int, text: str, voice: str, *,
                   lexicon: Mapping[str, str] | None = None) -> SayOutcome: ...
 
+    async def cancel(self, room: str, request: CancelRequest) -> list[int]:
+        """Cancel lines of ``room`` not yet finished: the room numbers cancelled (already
+        cancelled ones again: a cancel is idempotent). Written to Redis before it returns, so a
+        worker that claims the line later sees it cancelled. Raises
+        :class:`voxroom.errors.CancelRefused` (``not_found``, ``forbidden``), or one of ``REDIS_DOWN``."""
+        ...
+
     async def aclose(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRequest:
+    """What a ``cancel`` names (voxroom/wire/protocol.py ``Cancel``) and who asks."""
+    what: Literal["utterance", "seq", "all"]
+    number: int | None
+    """The room number (``utterance``) or the canceller's say seq (``seq``); ``None`` for ``all``."""
+    client_id: str
+    host: bool
+    """May cancel any line of the room, not only the canceller's own."""
 
 
 class FanoutEvents(Protocol):
@@ -201,6 +219,8 @@ class Turn(NamedTuple):
     """The last seq whose start was published: ``started == next`` means that utterance began once
     already (its worker died) and must be restarted, not continued."""
     opus_wanted: bool
+    cancelled: frozenset[int] = frozenset()
+    """The room's lines cancelled and not yet ended or passed (``:state`` ``cancelled``)."""
 
 
 class Fence(NamedTuple):
@@ -283,11 +303,16 @@ class JobBus(Protocol):
 
     async def output_tail(self, room: str) -> str: ...
 
+    async def published_slices(self, room: str, seq: int) -> int: ...
+
     async def wait_output(self, room: str, after_id: str, block_ms: int) -> str: ...
 
-    async def publish(self, job: Job, entries: list[dict[Any, Any]], *, started: int | None = None) -> None: ...
+    async def publish(self, job: Job, entries: list[dict[Any, Any]], *, started: int | None = None,
+                      final: bool = False) -> None: ...
 
-    async def finish(self, job: Job, end_fields: dict[str, Any], end_ms: float) -> None: ...
+    async def finish(self, job: Job, end_fields: dict[str, Any], end_ms: float, *, cut: bool = False) -> None: ...
+
+    async def pass_turn(self, job: Job) -> None: ...
 
     async def heartbeat(self, worker_id: str, fields: dict[Any, Any], ttl_s: int, now_ms: int) -> None: ...
 

@@ -32,12 +32,13 @@ from typing import Any, NamedTuple
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import DataError, ResponseError
 
-from voxroom.errors import OwnershipLost, TurnLost
+from voxroom.errors import LineCancelled, OwnershipLost, TurnLost
 from voxroom.store import keys
 from voxroom.store.autopipe import redis_error
 from voxroom.store.entry_ids import entry_id_str
 from voxroom.store.interface import Commands, Fence, JobQueue, StreamWatch, Turn
 from voxroom.wire.jobs import Job
+from voxroom.wire.output_entries import slice_count
 
 PUBLISH_BATCH_JOBS = 64
 """Most jobs' publishes in one script. A script runs alone in Redis: 64 rooms' slices hold it
@@ -51,6 +52,8 @@ Both only need doing about once a second (the window is minutes, the TTL an hour
 trims whole stream nodes anyway); doing them on every 40 ms publish was about 2 ms of Redis CPU
 per line at 100 rooms (docs/benchmarks.md)."""
 _MAINTAINED_MAX = 4096
+SLICES_LOOKED_AT = 400
+"""Output entries :meth:`FencedJobBus.published_slices` reads back at most (16 s of slices in pairs)."""
 
 
 class _Publish(NamedTuple):
@@ -60,8 +63,11 @@ class _Publish(NamedTuple):
     entries: list[dict[Any, Any]]
     started: int | None
     maintain: bool
+    final: bool
+    """The slice that ends a cancelled line: written although the line is cancelled."""
     done: asyncio.Future[int]
-    """The script's reply for the job: 1 written, 0 no longer ours, -1 its turn is gone."""
+    """The script's reply for the job: 1 written, 0 no longer ours, -1 its turn is gone, -2 its
+    line was cancelled."""
 
 
 class FencedJobBus:
@@ -135,14 +141,27 @@ class FencedJobBus:
 
     async def room_turn(self, room: str) -> Turn:
         """Where the room's playback stands, and whether any client wants Opus (one round trip)."""
-        (nxt, end_ms, started), opus = await self.auto.group([
-            ("HMGET", keys.room_state(room), "next", "end_ms", "started"),
+        (nxt, end_ms, started, cancelled), opus = await self.auto.group([
+            ("HMGET", keys.room_state(room), "next", "end_ms", "started", "cancelled"),
             ("EXISTS", keys.room_opus_demand(room))])
-        return Turn(int(nxt or 1), float(end_ms or 0.0), int(started or 0), bool(opus))
+        return Turn(int(nxt or 1), float(end_ms or 0.0), int(started or 0), bool(opus),
+                    frozenset(int(n) for n in str(cancelled).split()) if cancelled else frozenset())
 
     async def output_tail(self, room: str) -> str:
         last: Any = await self.raw.call("XREVRANGE", keys.room_output(room), "+", "-", "COUNT", 1)
         return entry_id_str(last[0][0]) if last else "0-0"
+
+    async def published_slices(self, room: str, seq: int) -> int:
+        """How many slices of line ``seq`` the room's output stream holds, by the newest of its
+        ``chunk`` entries among the last :data:`SLICES_LOOKED_AT` (a line begun by a worker that
+        died, cancelled since: where it ends)."""
+        entries: Any = await self.raw.call("XREVRANGE", keys.room_output(room), "+", "-", "COUNT", SLICES_LOOKED_AT)
+        wanted = str(seq).encode()
+        for _entry_id, flat in entries:
+            fields = dict(zip(flat[::2], flat[1::2], strict=True))
+            if fields.get(b"kind") == b"chunk" and fields.get(b"seq") == wanted:
+                return int(fields[b"chunk"]) + slice_count(fields)
+        return 0
 
     async def wait_output(self, room: str, after_id: str, block_ms: int) -> str:
         """Until the room's output stream has an entry after ``after_id``; the new tail. Through
@@ -151,16 +170,18 @@ class FencedJobBus:
 
     # -- output ------------------------------------------------------------------------------------
 
-    async def publish(self, job: Job, entries: list[dict[Any, Any]], *, started: int | None = None) -> None:
+    async def publish(self, job: Job, entries: list[dict[Any, Any]], *, started: int | None = None,
+                      final: bool = False) -> None:
         """Append output entries for ``job``; ``started``: also record that this seq's start went
-        out. Nothing is written unless ``job`` is still ours (:class:`OwnershipLost`) and the
-        room's ``next`` is still its seq (:class:`TurnLost`)."""
+        out. Nothing is written unless ``job`` is still ours (:class:`OwnershipLost`), the
+        room's ``next`` is still its seq (:class:`TurnLost`) and its line was not cancelled
+        (:class:`LineCancelled`; ``final``: the slice that ends a cancelled line, written anyway)."""
         fence = self.queue.fence(job)
         if fence is None:
             raise OwnershipLost(job.entry_id)
         await self.auto.capacity()
         loop = asyncio.get_running_loop()
-        item = _Publish(job, fence, entries, started, self._due(job), loop.create_future())
+        item = _Publish(job, fence, entries, started, self._due(job), final, loop.create_future())
         self._publishes.append(item)
         if not self._publish_scheduled:
             # Called back after every task woken in this loop turn (a tick's publishers) queued its own.
@@ -198,7 +219,8 @@ class FencedJobBus:
             script_keys += (keys.room_output(job.room), keys.room_state(job.room))
             private = job.room.startswith(keys.PRIVATE_ROOM_PREFIX)
             argv += (item.fence.a, item.fence.b, job.seq, "1" if private else "0",
-                     "" if item.started is None else item.started, "1" if item.maintain else "0", len(item.entries))
+                     "" if item.started is None else item.started, "1" if item.maintain else "0",
+                     "1" if item.final else "0", len(item.entries))
             for fields in item.entries:
                 argv.append(len(fields))
                 for name, value in fields.items():
@@ -242,12 +264,13 @@ class FencedJobBus:
         self._maintained[job.entry_id] = now
         return True
 
-    async def finish(self, job: Job, end_fields: dict[str, Any], end_ms: float) -> None:
+    async def finish(self, job: Job, end_fields: dict[str, Any], end_ms: float, *, cut: bool = False) -> None:
         """Publish the ``end`` entry, pass the room's turn on and ack the job, only while ``job``
         is ours (:class:`OwnershipLost` otherwise) and the room's ``next`` is still its seq
         (:class:`TurnLost` otherwise: nothing written, the caller acks it). ``next`` moves from its
         seq to the one after, never back and never past the line that skipped; ``end_ms`` only
-        moves forward."""
+        moves forward. A cancelled line's end is refused (:class:`LineCancelled`) unless ``cut``
+        (the ``end`` ``cancelled`` at its cut)."""
         self._maintained.pop(job.entry_id, None)  # the end always trims and refreshes
         fence = self.queue.fence(job)
         if fence is None:
@@ -259,19 +282,36 @@ class FencedJobBus:
         done: Any = await self.auto.call(
             "EVAL", self.scripts.finish, 3, fence.key, keys.room_output(job.room), keys.room_state(job.room),
             fence.a, fence.b, self.resume_window_ms, self.room_idle_ttl_s, "1" if private else "0", job.seq + 1,
-            f"{end_ms:.3f}", *flat)
+            f"{end_ms:.3f}", "1" if cut else "0", *flat)
+        self._raise_refused(int(done), job)
+        await self.queue.done(job)
+
+    async def pass_turn(self, job: Job) -> None:
+        """A line cancelled before anything of it was written: the room's ``next`` moves past it
+        in its turn and the job is done, with no ``start`` and no ``end`` in the room.
+        :class:`OwnershipLost` / :class:`TurnLost` as :meth:`finish`."""
+        self._maintained.pop(job.entry_id, None)
+        fence = self.queue.fence(job)
+        if fence is None:
+            raise OwnershipLost(job.entry_id)
+        done: Any = await self.auto.call(
+            "EVAL", self.scripts.pass_turn, 3, fence.key, keys.room_output(job.room), keys.room_state(job.room),
+            fence.a, fence.b, job.seq)
         self._raise_refused(int(done), job)
         await self.queue.done(job)
 
     def _raise_refused(self, reply: int, job: Job) -> None:
         """A write script's reply for ``job``: 1 written; 0 :class:`OwnershipLost`; -1
-        :class:`TurnLost` (still ours: the caller acks it). A refused job's maintenance record
+        :class:`TurnLost` (still ours: the caller acks it); -2 :class:`LineCancelled` (still ours
+        and its turn). A refused job's maintenance record
         goes (no more writes follow)."""
         if reply == 1:
             return
         self._maintained.pop(job.entry_id, None)
         if reply == -1:
             raise TurnLost(f"{job.entry_id}: room {job.room} moved past seq {job.seq}")
+        if reply == -2:
+            raise LineCancelled(f"{job.entry_id}: room {job.room} seq {job.seq} was cancelled")
         self.queue.forget(job.entry_id)
         raise OwnershipLost(job.entry_id)
 

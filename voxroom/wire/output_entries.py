@@ -135,7 +135,7 @@ def control_from_entry(fields: Mapping[bytes, bytes]) -> ControlMessage | None:
                 raise ValueError(f"end status {status!r}")
             end: End = {"type": "end", "utterance": int(fields[b"seq"]), "chunks": int(fields.get(b"chunks", b"0")),
                         "duration_ms": float(fields.get(b"duration_ms", b"0")),
-                        "status": "failed" if status == "failed" else "ok"}
+                        "status": "failed" if status == "failed" else "cancelled" if status == "cancelled" else "ok"}
             if end["status"] == "failed":
                 # Entries of workers from before ``code`` carry only ``error``.
                 end["code"] = fields.get(b"code", ErrorCode.SYNTHESIS_FAILED.encode()).decode()

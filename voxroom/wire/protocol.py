@@ -73,7 +73,8 @@ class ErrorCode:
     DUPLICATE: Final = "duplicate"  # a say whose seq was already accepted: ignored, not spoken twice
     BUSY: Final = "busy"  # the room or the pool is full: retry after ``retry_after_ms``
     RATE_LIMITED: Final = "rate_limited"
-    FORBIDDEN: Final = "forbidden"  # e.g. a listener token tried to speak
+    FORBIDDEN: Final = "forbidden"  # e.g. a listener token tried to speak, or to cancel another's line
+    NOT_FOUND: Final = "not_found"  # a cancel for a line that is not in the room or already finished
     SYNTHESIS_FAILED: Final = "synthesis_failed"  # on a failed ``end``: the engine could not finish the line
     UNAVAILABLE: Final = "unavailable"  # Redis unreachable for a moment: retry after ``retry_after_ms``
     INTERNAL: Final = "internal"  # the gateway failed on this frame (a bug, logged); the connection stays
@@ -148,7 +149,19 @@ class Resume:
     type: Literal["resume"] = "resume"
 
 
-ClientMessage = Say | Ping | Resume
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """Stop lines of the room: one by its room number (``utterance``), one of the sender's own by
+    its ``say`` seq (``seq``), or every line not yet finished that this client may cancel (``all``).
+    Exactly one of the three. Its own lines a sender may always cancel; any line, a ``host``."""
+
+    utterance: int | None = None
+    seq: int | None = None
+    all: bool = False
+    type: Literal["cancel"] = "cancel"
+
+
+ClientMessage = Say | Ping | Resume | Cancel
 
 
 def decode_client_frame(data: str | bytes) -> dict[str, Any]:
@@ -266,9 +279,25 @@ def parse_client_message(obj: dict[str, Any]) -> ClientMessage:
         return Ping(t=t)
     if kind == "resume":
         return Resume(seq=_int_field(obj, "seq"), chunk=_int_field(obj, "chunk"))
+    if kind == "cancel":
+        return _parse_cancel(obj)
     if not isinstance(kind, str):
         raise ProtocolError(ErrorCode.BAD_MESSAGE, "'type' must be a string")
     raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown message type {kind[:32]!r}")
+
+
+def _parse_cancel(obj: dict[str, Any]) -> Cancel:
+    given = [name for name in ("utterance", "seq", "all") if name in obj]
+    if len(given) != 1:
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, "a cancel names exactly one of 'utterance', 'seq' and 'all'")
+    if given == ["all"]:
+        if obj["all"] is not True:
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, "'all' must be true")
+        return Cancel(all=True)
+    if given == ["seq"]:
+        seq = _int_field(obj, "seq", minimum=1, maximum=MAX_SAY_SEQ)
+        return Cancel(seq=seq)
+    return Cancel(utterance=_int_field(obj, "utterance", minimum=1))
 
 
 def check_say_text(text: str, *, seq: int | None = None) -> None:
@@ -340,8 +369,9 @@ class Welcome(TypedDict):
     codec: str
     """``pcm16`` or ``opus``: what the client asked for with ``?codec=`` (audio frames still say
     their own codec in their header)."""
-    role: Literal["speaker", "listener"]
-    """What the token allows (``speaker`` when auth is off)."""
+    role: Literal["speaker", "listener", "host"]
+    """What the token allows: ``host`` may also cancel other clients' lines (every client is one
+    when auth is off, ``--insecure-dev``)."""
     lead_ms: int
     """How far ahead of its presentation time audio is published (the client's buffer target)."""
     claim: NotRequired[str]
@@ -392,8 +422,8 @@ class Marks(TypedDict):
     words: list[WordMark]
 
 
-EndStatus = Literal["ok", "failed"]
-END_STATUSES: Final[tuple[EndStatus, ...]] = ("ok", "failed")
+EndStatus = Literal["ok", "failed", "cancelled"]
+END_STATUSES: Final[tuple[EndStatus, ...]] = ("ok", "failed", "cancelled")
 MAX_END_ERROR_CHARS: Final = 200
 
 
@@ -417,20 +447,27 @@ class Error(TypedDict):
     retry_after_ms: NotRequired[int]
 
 
+class Cancelled(TypedDict):
+    type: Literal["cancelled"]
+    utterances: list[int]
+    """The room numbers of the lines the ``cancel`` stopped, sorted (empty: ``all`` found none)."""
+
+
 class Pong(TypedDict):
     type: Literal["pong"]
     t: float | None
     server_ms: float
 
 
-ServerMessage = Welcome | Accepted | Start | Marks | End | Error | Pong
+ServerMessage = Welcome | Accepted | Start | Marks | End | Error | Pong | Cancelled
 SERVER_MESSAGES: Final[Mapping[str, type[Any]]] = {
     "welcome": Welcome, "accepted": Accepted, "start": Start, "marks": Marks, "end": End, "error": Error,
-    "pong": Pong}
+    "pong": Pong, "cancelled": Cancelled}
 """Every server -> client control message by its ``type`` (client_js/protocol.js declares the same:
 tests/protocol/test_js_agreement.py). ``start``, ``marks`` and ``end`` travel from the workers
 through the room's output stream: voxroom/wire/output_entries.py."""
-CLIENT_MESSAGES: Final[Mapping[str, type[ClientMessage]]] = {"say": Say, "ping": Ping, "resume": Resume}
+CLIENT_MESSAGES: Final[Mapping[str, type[ClientMessage]]] = {"say": Say, "ping": Ping, "resume": Resume,
+                                                             "cancel": Cancel}
 
 
 def encode_server_message(msg: ServerMessage) -> str:
@@ -457,16 +494,25 @@ def start_message(utterance: int, *, sender: str, voice: str, text: str, pts_ms:
     return msg
 
 
-def end_message(utterance: int, *, chunks: int, duration_ms: float, error: str | None = None) -> End:
+def end_message(utterance: int, *, chunks: int, duration_ms: float, error: str | None = None,
+                cancelled: bool = False) -> End:
     """An utterance's ``end``: ``ok``, or ``failed`` with ``synthesis_failed`` and ``error`` (cut to
     :data:`MAX_END_ERROR_CHARS`) when ``error`` is given; what was published before the failure
-    (``chunks``) was sent and plays."""
+    (``chunks``) was sent and plays. ``cancelled``: a ``cancel`` cut it after ``chunks`` slices
+    (the cut point)."""
+    status: EndStatus = "cancelled" if cancelled else "failed" if error else "ok"
     msg: End = {"type": "end", "utterance": utterance, "chunks": chunks, "duration_ms": round(duration_ms, 1),
-                "status": "failed" if error else "ok"}
-    if error:
+                "status": status}
+    if error and not cancelled:
         msg["code"] = ErrorCode.SYNTHESIS_FAILED
         msg["error"] = error[:MAX_END_ERROR_CHARS]
     return msg
+
+
+def cancelled_message(utterances: Iterable[int]) -> Cancelled:
+    """The answer to a ``cancel``: the room numbers of the lines it cancelled (sorted; empty for an
+    ``all`` that found nothing to cancel)."""
+    return {"type": "cancelled", "utterances": sorted(utterances)}
 
 
 def marks_message(utterance: int, words: Iterable[WordMark]) -> Marks:

@@ -1,6 +1,7 @@
 """Signed room tokens (JWT, HS256, PyJWT): who may join which room, and whether they may speak.
 
-Claims: ``room`` (one room id, or ``*`` for every room), ``role`` (``speaker`` or ``listener``),
+Claims: ``room`` (one room id, or ``*`` for every room), ``role`` (``speaker``, ``listener``, or
+``host``: a speaker that may also cancel other clients' lines),
 ``exp`` (required), and optionally ``sub`` (the client id: a sender's ``seq`` dedupe survives
 reconnects). ``voxroom token`` mints one; the gateway verifies it from the ``token`` query
 parameter (browsers cannot set headers on a WebSocket).
@@ -17,7 +18,8 @@ import jwt
 from voxroom.errors import VoxroomError
 from voxroom.wire.protocol import valid_room_id
 
-Role = Literal["speaker", "listener"]
+Role = Literal["speaker", "listener", "host"]
+ROLES: tuple[Role, ...] = ("speaker", "listener", "host")
 ALGORITHM = "HS256"
 MIN_SECRET_BYTES = 32  # HS256 with a shorter key is guessable; PyJWT warns below this too
 SELF_CHOSEN_PREFIX = "c-"
@@ -42,7 +44,12 @@ class Grant:
 
     @property
     def can_speak(self) -> bool:
-        return self.role == "speaker"
+        return self.role in ("speaker", "host")
+
+    @property
+    def can_cancel_any(self) -> bool:
+        """May cancel any line of the room, not only its own (``cancel``)."""
+        return self.role == "host"
 
 
 def mint(secret: str, room: str, role: Role, *, ttl_s: int = 3600, subject: str | None = None,
@@ -51,8 +58,8 @@ def mint(secret: str, room: str, role: Role, *, ttl_s: int = 3600, subject: str 
     a room or subject outside the ids the gateway takes (1 to 64 of ``A-Z a-z 0-9 _ -``), a
     secret shorter than :data:`MIN_SECRET_BYTES` (a gateway with it refuses to start). A token
     that is already expired (``ttl_s`` ≤ 0) is the caller's choice: tests need one."""
-    if role not in ("speaker", "listener"):
-        raise ValueError("role must be speaker or listener")
+    if role not in ROLES:
+        raise ValueError("role must be speaker, listener or host")
     if len(secret.encode()) < MIN_SECRET_BYTES:
         raise ValueError(f"the secret must be at least {MIN_SECRET_BYTES} bytes, as the gateway's "
                          "VOXROOM_JWT_SECRET (a gateway refuses to start with a shorter one)")
@@ -88,8 +95,8 @@ def verify(secret: str, token: str | None, room: str) -> Grant:
     if claims["room"] not in (room, "*"):
         raise TokenError("token is for another room")
     role = claims["role"]
-    if role not in ("speaker", "listener"):
-        raise TokenError("token role must be speaker or listener")
+    if role not in ROLES:
+        raise TokenError("token role must be speaker, listener or host")
     sub = claims.get("sub")
     if isinstance(sub, str) and sub.startswith(RESERVED_PREFIXES):
         raise TokenError(f"token subject may not start with {' or '.join(map(repr, RESERVED_PREFIXES))}")

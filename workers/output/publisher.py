@@ -24,6 +24,13 @@ when another worker took it over, :class:`voxroom.errors.OwnershipLost` ends the
 and nothing more of this take reaches the room. The same scripts check that the room's ``next``
 is still this line's seq: when a later line skipped past it after its turn check,
 :class:`voxroom.errors.TurnLost` ends it the same way, and the line is dropped as stale.
+
+**A cancelled line** (a ``cancel``, issue 30; the room's ``:state`` lists it) is refused by the
+same scripts (:class:`voxroom.errors.LineCancelled`). Playing, it is cut at the slice the refused
+write began with: that one slice goes out with a fade to silence within :data:`CUT_FADE_MS` (no
+click), then an ``end`` ``cancelled`` whose ``chunks`` is the cut point; the words of the refused
+write never go out. Waiting for its turn, its synthesis stops at once (the ``cancel`` entry wakes
+the wait) and in its turn it is passed: no ``start``, no ``end``, the next line right after.
 """
 
 from __future__ import annotations
@@ -32,7 +39,9 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from voxroom.errors import TurnLost
+import numpy as np
+
+from voxroom.errors import LineCancelled, TurnLost
 from voxroom.store.interface import JobBus, Turn
 from voxroom.wire import protocol
 from voxroom.wire.output_entries import EntryFields, entry_fields, group_fields
@@ -48,6 +57,8 @@ PACING_TICK_MS = 10.0
 """Paced slices leave up to this much after ``pts - lead`` (the lead, 120 ms, absorbs it)."""
 UNPACED_BATCH = 64
 """Most slices in one pipelined XADD batch when publishing unpaced (about 400 kB with Opus)."""
+CUT_FADE_MS = 10.0
+"""A cancelled line's last slice fades to silence within this (issue 30: at most 10 ms)."""
 PACED_GROUP = 2
 """Paced slices after an utterance's first travel this many to an output entry (see
 ``publish_utterance``): the second leaves 40 ms before its lead, 160 ms before it plays."""
@@ -55,7 +66,7 @@ PACED_GROUP = 2
 
 @dataclass(slots=True)
 class PublishResult:
-    status: str  # "ok" | "failed" | "skipped"
+    status: str  # "ok" | "failed" | "skipped" | "cancelled" (cut, or passed when nothing went out)
     chunks: int
     duration_ms: float
     first_slice_ms: float | None
@@ -118,7 +129,7 @@ async def wait_for_turn(bus: JobBus, utt: Utterance, clock: RoomClock,
     room, seq = utt.job.room, utt.job.seq
     turn = await bus.room_turn(room)  # the common case, a quiet room: one round trip
     if turn.next == seq:
-        return ("restart" if turn.started == seq else "ok"), turn
+        return _in_turn(utt, turn), turn
     # The wait counts from the room's last progress, not from when this line began to wait. The
     # skip is for a predecessor nobody will ever publish (its job lost; a dead worker's job is
     # claimed and restarted instead), and such a room is silent. A room told lines faster than
@@ -131,8 +142,12 @@ async def wait_for_turn(bus: JobBus, utt: Utterance, clock: RoomClock,
     seen_next = turn.next
     while True:
         turn = await bus.room_turn(room)
+        if seq in turn.cancelled:
+            # Cancelled while it waits: no more synthesis. It still waits for its turn, to be
+            # passed then (passing it now would move ``next`` past the line playing).
+            utt.cancel.set()
         if turn.next == seq:
-            return ("restart" if turn.started == seq else "ok"), turn
+            return _in_turn(utt, turn), turn
         if turn.next > seq:
             return "stale", turn
         if turn.next != seen_next:
@@ -150,6 +165,24 @@ async def wait_for_turn(bus: JobBus, utt: Utterance, clock: RoomClock,
         got = await bus.wait_output(room, tail, int(min(remaining, 1000)))
         if got != tail:
             tail, progress_ms = got, clock.now_ms()
+
+
+def _in_turn(utt: Utterance, turn: Turn) -> str:
+    seq = utt.job.seq
+    if seq in turn.cancelled:
+        utt.cancel.set()
+        return "cancelled"
+    return "restart" if turn.started == seq else "ok"
+
+
+def fade_out(pcm: np.ndarray, fade_ms: float = CUT_FADE_MS) -> np.ndarray:
+    """``pcm`` (one int16 slice) faded to silence within ``fade_ms`` from its first sample (a
+    raised-cosine ramp), silence after: the slice a cancelled line ends on."""
+    n = min(pcm.size, max(1, int(ROOM_RATE * fade_ms / 1000)))
+    ramp = 0.5 * (1.0 + np.cos(np.linspace(0.0, np.pi, n, dtype=np.float32)))
+    out = np.zeros(pcm.size, dtype=np.int16)
+    out[:n] = np.round(pcm[:n].astype(np.float32) * ramp).astype(np.int16)
+    return out
 
 
 async def publish_utterance(bus: JobBus, utt: Utterance, clock: RoomClock, *, lead_ms: float,
@@ -196,6 +229,68 @@ async def _publish_utterance(bus: JobBus, utt: Utterance, clock: RoomClock, *, l
         utt.cancel.set()
         log.warning("room %s utterance %d arrived after the room moved on; dropped", job.room, job.seq)
         return PublishResult("skipped", 0, 0.0, None, 0)
+    if turn == "cancelled":
+        if state.started == job.seq:
+            # Begun by a worker that died: the room has some of it. Not restarted; ended where
+            # that worker's slices stop.
+            chunks = await bus.published_slices(job.room, job.seq)
+            return await _end_cut(bus, utt, chunks, max(state.end_ms, clock.now_ms()))
+        await bus.pass_turn(job)
+        log.info("room %s utterance %d cancelled before it began; passed", job.room, job.seq)
+        return PublishResult("cancelled", 0, 0.0, None, 0)
+    try:
+        return await _publish_in_turn(bus, utt, clock, state, turn, lead_ms=lead_ms, opus_bitrate=opus_bitrate,
+                                      paced=paced, voice_name=voice_name)
+    except _Cut as cut:
+        return await _cut(bus, utt, cut)
+
+
+@dataclass
+class _Cut(Exception):
+    """A write refused because the line was cancelled: where the refused write began."""
+    chunk: int
+    """The first slice the refused write held (0: nothing of the line went out)."""
+    pts_ms: float
+    pcm: np.ndarray | None
+    """That slice's samples (``None``: the refused write held no slice)."""
+    encoder: OpusEncoder | None
+
+
+async def _cut(bus: JobBus, utt: Utterance, cut: _Cut) -> PublishResult:
+    """End a cancelled line at ``cut``: its slice faded to silence, then ``end`` ``cancelled``; or
+    pass its turn when nothing of it went out."""
+    job = utt.job
+    utt.cancel.set()
+    if cut.chunk == 0:
+        await bus.pass_turn(job)
+        log.info("room %s utterance %d cancelled before its first slice; passed", job.room, job.seq)
+        return PublishResult("cancelled", 0, 0.0, None, 0)
+    chunks, end_ms = cut.chunk, cut.pts_ms
+    if cut.pcm is not None:
+        faded = fade_out(cut.pcm)
+        frame = AudioFrame(room=job.room, seq=job.seq, chunk=cut.chunk, pts_us=int(cut.pts_ms * 1000),
+                           sample_rate=ROOM_RATE, samples=int(faded.size), payload=faded.tobytes(),
+                           first=False, last=True)
+        opus = None
+        if cut.encoder is not None:
+            opus = [replace(frame, codec=CODEC_OPUS, payload=cut.encoder.encode(faded) + cut.encoder.flush()).encode()]
+        await bus.publish(job, [group_fields(job.seq, cut.chunk, [frame.encode()], opus)], final=True)
+        chunks, end_ms = cut.chunk + 1, cut.pts_ms + SLICE_MS
+    return await _end_cut(bus, utt, chunks, end_ms)
+
+
+async def _end_cut(bus: JobBus, utt: Utterance, chunks: int, end_ms: float) -> PublishResult:
+    job = utt.job
+    utt.cancel.set()
+    end = end_message(job.seq, chunks=chunks, duration_ms=chunks * SLICE_MS, cancelled=True)
+    await bus.finish(job, entry_fields(end, room_end_ms=end_ms), end_ms, cut=True)
+    log.info("room %s utterance %d cancelled: cut after %d slices", job.room, job.seq, chunks)
+    return PublishResult("cancelled", chunks, chunks * SLICE_MS, None, 0)
+
+
+async def _publish_in_turn(bus: JobBus, utt: Utterance, clock: RoomClock, state: Turn, turn: str, *,
+                           lead_ms: float, opus_bitrate: int, paced: bool, voice_name: str) -> PublishResult:
+    job = utt.job
     end_ms = state.end_ms
 
     # Stamp the start once the first slice exists: stamping earlier would put a slow engine's
@@ -224,6 +319,15 @@ async def _publish_utterance(bus: JobBus, utt: Utterance, clock: RoomClock, *, l
     frames: list[bytes] = []
     opus_frames: list[bytes] = []
     """The slices of the group being built (one ``chunk`` entry), and their Opus copies."""
+    unsent: _Cut | None = None
+    """The first slice of what waits in ``pending``: where a cancel cuts the line."""
+
+    async def send(entries: list[EntryFields], started: int | None) -> None:
+        try:
+            await bus.publish(job, entries, started=started)
+        except LineCancelled:
+            raise (unsent or _Cut(chunk, next_pts, None, encoder)) from None
+
     while item is not None:
         if paced and next_pts < clock.now_ms() + SLICE_MS / 2:
             # The engine fell behind real time: move the rest later rather than publish it late.
@@ -239,6 +343,8 @@ async def _publish_utterance(bus: JobBus, utt: Utterance, clock: RoomClock, *, l
         frame = AudioFrame(room=job.room, seq=job.seq, chunk=chunk, pts_us=int(next_pts * 1000),
                            sample_rate=ROOM_RATE, samples=int(item.size), payload=item.tobytes(),
                            first=chunk == 0, last=utt.slices.next_is_end())
+        if unsent is None:
+            unsent = _Cut(chunk, next_pts, item, encoder)
         frames.append(frame.encode())
         if encoder is not None:
             payload = encoder.encode(item) + (encoder.flush() if frame.last else b"")
@@ -257,8 +363,8 @@ async def _publish_utterance(bus: JobBus, utt: Utterance, clock: RoomClock, *, l
         # Unpaced, the first slice still goes out alone: it is what the caller waits for.
         due = next_pts - lead_ms <= clock.now_ms() if paced else 1 < chunk and len(pending) < UNPACED_BATCH
         if not (utt.slices.has_next() and due):
-            await bus.publish(job, pending, started=mark_started)
-            pending, mark_started = [], None
+            await send(pending, mark_started)
+            pending, mark_started, unsent = [], None, None
             if first_ms is None:
                 first_ms = clock.now_ms()
         item = await utt.slices.get()
@@ -266,10 +372,14 @@ async def _publish_utterance(bus: JobBus, utt: Utterance, clock: RoomClock, *, l
     if late:
         pending.append(entry_fields(protocol.marks_message(job.seq, late)))
     if pending:  # also the start entry of an utterance that produced no audio at all
-        await bus.publish(job, pending, started=mark_started)
+        await send(pending, mark_started)
         first_ms = first_ms if first_ms is not None else clock.now_ms()
     duration = chunk * SLICE_MS
     end = end_message(job.seq, chunks=chunk, duration_ms=duration, error=utt.error)
-    await bus.finish(job, entry_fields(end, room_end_ms=next_pts), next_pts)
+    try:
+        await bus.finish(job, entry_fields(end, room_end_ms=next_pts), next_pts)
+    except LineCancelled:
+        # Cancelled after its last slice went out: every slice plays, and the end says cancelled.
+        return await _end_cut(bus, utt, chunk, next_pts)
     return PublishResult(end["status"], chunk, duration, first_ms, shifts)
 

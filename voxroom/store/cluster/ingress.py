@@ -37,9 +37,10 @@ from typing import Any, Literal
 
 from redis.exceptions import RedisClusterException, RedisError
 
-from voxroom.store import keys
+from voxroom.store import cancels, keys
+from voxroom.store.cluster.jobs import SCRIPTS
 from voxroom.store.cluster.pipeline import ClusterAutoPipeline
-from voxroom.store.interface import IngressOptions, SayOutcome
+from voxroom.store.interface import CancelRequest, IngressOptions, SayOutcome
 from voxroom.store.lua import handoff, say
 from voxroom.store.replicas import check_wait, wait_replicas
 from voxroom.voices import line_lexicon
@@ -114,6 +115,9 @@ class ClusterIngress:
         return await self.say_and_hand(room, [
             sender, client_seq, text, voice, now_ms, o.utterance_maxlen, o.jobs_maxlen, room, o.max_pending_per_room,
             o.room_idle_ttl_s, 0, 0, o.switch_lines, line_lexicon.encode(lexicon or {})])
+
+    async def cancel(self, room: str, request: CancelRequest) -> list[int]:
+        return await cancels.cancel(self.calls, SCRIPTS.cancel, room, request)
 
     # -- step 0: the index the sweeper reads -----------------------------------------------------
 

@@ -1,5 +1,5 @@
 """Lua helpers several scripts share: the trim point by Redis ``TIME``, the room keys' TTL, the
-turn fence and the pending-list fence."""
+turn fence, the room's cancelled lines and the pending-list fence."""
 
 from __future__ import annotations
 
@@ -31,6 +31,26 @@ end
 line publishes only in its turn, and ``next`` moves past it only by its own end or by a later
 line's skip; the fence makes Redis refuse the line's writes after such a skip, atomically with
 them, instead of letting them interleave with the line that skipped."""
+
+CANCELS = """\
+local function listed(list, seq)
+  return list and string.find(' ' .. list .. ' ', ' ' .. seq .. ' ', 1, true) ~= nil
+end
+local function uncancel(state, seq)
+  local list = redis.call('HGET', state, 'cancelled')
+  if not list then return end
+  local kept = {}
+  for v in string.gmatch(list, '%d+') do
+    if tonumber(v) ~= tonumber(seq) then kept[#kept + 1] = v end
+  end
+  if #kept > 0 then redis.call('HSET', state, 'cancelled', table.concat(kept, ' ')) else
+    redis.call('HDEL', state, 'cancelled') end
+end
+"""
+"""The room's cancelled lines: ``:state`` field ``cancelled``, their room numbers separated by
+spaces, each there from its ``cancel`` until the line's end (or its pass, when it never began).
+``listed(list, seq)``: ``seq`` is in ``list`` (the field's value, or false). ``uncancel(state,
+seq)``: ``seq`` leaves it. Bounded by the lines a room may have pending (``max_pending_per_room``)."""
 
 PENDING = """\
 local function pending_to(jobs, group, id, consumer)

@@ -14,11 +14,12 @@ import time
 from collections.abc import Mapping
 from typing import Literal
 
-from voxroom.store import keys
+from voxroom.store import cancels, keys
 from voxroom.store.autopipe import AutoPipeline
-from voxroom.store.interface import IngressOptions, SayOutcome
+from voxroom.store.interface import CancelRequest, IngressOptions, SayOutcome
 from voxroom.store.lua import say
 from voxroom.store.replicas import check_wait, wait_replicas
+from voxroom.store.single.jobs import SCRIPTS
 from voxroom.voices import line_lexicon
 
 STALE_ROOMS_PER_SAY = 64
@@ -56,3 +57,6 @@ class SingleIngress:
         await wait_replicas(self._pipe, room, outcome, replicas=o.wait_replicas, timeout_ms=o.wait_timeout_ms,
                             room_ttl_s=o.room_idle_ttl_s)
         return outcome
+
+    async def cancel(self, room: str, request: CancelRequest) -> list[int]:
+        return await cancels.cancel(self._pipe, SCRIPTS.cancel, room, request)
