@@ -73,7 +73,7 @@ def render_room(summary: RoomSummary, utterances: Sequence[dict[str, str]], pend
 
     parts.append(table(["seq", "age s", "status", "sender", "voice", "text"],
                        [[u.get("seq"), (now_ms - float(u.get("time") or now_ms)) / 1000.0,
-                         status(int(u.get("seq") or 0)), u.get("sender"), u.get("voice"), u.get("text")]
+                         status(int(u.get("seq") or 0)), u.get("sender"), u.get("voice"), _text(u)]
                         for u in utterances]) if utterances else "no utterances")
     parts.append("")
     parts.append(table(["pending job", "seq", "consumer", "idle ms", "deliveries"],
@@ -84,6 +84,17 @@ def render_room(summary: RoomSummary, utterances: Sequence[dict[str, str]], pend
                        [[o.get("id"), o.get("kind"), o.get("seq"), o.get("chunk", ""), o.get("frame_bytes", ""),
                          o.get("status", "")] for o in output]) if output else "no output entries")
     return "\n".join(parts)
+
+
+def _text(utterance: dict[str, str]) -> str:
+    """A line's text for the table; a private line's is left out: whoever runs this sees that it
+    is private and how many it was for, not what it told them (operators who must read it can:
+    it is in Redis, docs/security.md)."""
+    to = utterance.get("to")
+    if to is None:
+        return utterance.get("text", "")
+    n = len(to.split())
+    return f"(private, to {n} client{'s' if n != 1 else ''})"
 
 
 # -- commands --------------------------------------------------------------------------------------

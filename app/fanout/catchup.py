@@ -37,7 +37,8 @@ SCAN_PAGE = 64
 WAIT_READER_S = 2.0
 
 
-async def find_position(hub: RoomHub, key: str, point: ResumePoint, codec: int) -> tuple[str, list[str | bytes]]:
+async def find_position(hub: RoomHub, key: str, point: ResumePoint, codec: int,
+                        client_id: str) -> tuple[str, list[str | bytes]]:
     """The id of the last entry the client holds (``0-0`` when none is kept), and what of that
     entry it still lacks: the later slices of a group it holds only the first of."""
     upper = "+"
@@ -46,7 +47,7 @@ async def find_position(hub: RoomHub, key: str, point: ResumePoint, codec: int) 
         for entry_id, flat in page or []:
             entry = fields(flat)
             if stop_here(point, entry):
-                return entry_id_str(entry_id), entry_items(entry, codec, skip=held_slices(point, entry))
+                return entry_id_str(entry_id), entry_items(entry, codec, client_id, skip=held_slices(point, entry))
         if not page or len(page) < SCAN_PAGE:
             return "0-0", []
         upper = "(" + entry_id_str(page[-1][0])
@@ -74,7 +75,7 @@ async def catch_up(hub: RoomHub, client: ClientConnection, point: ResumePoint | 
             try:
                 if position is None:
                     assert point is not None, "a catch-up starts from a point or at an entry"
-                    position, rest = await find_position(hub, key, point, client.codec)
+                    position, rest = await find_position(hub, key, point, client.codec, client.client_id)
                     _send(client, rest)  # before anything after the position (a few slices at most)
                 cursor = hub.cursor(client.room)
                 if cursor is None:
@@ -99,7 +100,7 @@ async def catch_up(hub: RoomHub, client: ClientConnection, point: ResumePoint | 
                 # always, so the replay moves on); the rest of the page is read again next time.
                 queued = taken = 0
                 for entry_id, flat in page:
-                    items = entry_items(fields(flat), client.codec)
+                    items = entry_items(fields(flat), client.codec, client.client_id)
                     if taken and queued + len(items) > room_left:
                         break
                     _send(client, items)

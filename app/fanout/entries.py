@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from voxroom.wire.output_entries import ControlMessage, control_from_entry, slice_frames
+from voxroom.wire.output_entries import ControlMessage, audience, control_from_entry, slice_frames
 from voxroom.wire.protocol import CODEC_OPUS, encode_server_message
 
 log = logging.getLogger("voxroom.gateway.entries")
@@ -34,11 +34,14 @@ def fields(flat: list[Any] | None) -> dict[Any, Any]:
     return dict(zip(flat[::2], flat[1::2], strict=True)) if flat else {}
 
 
-def entry_items(entry: dict[bytes, bytes], codec: int, skip: int = 0) -> list[str | bytes]:
-    """What a client with ``codec`` gets for one entry: one binary frame per slice of a ``chunk``
-    entry, or a control message's JSON; minus the first ``skip`` items, which it already holds (a
-    control entry is one item: ``skip=1`` gives nothing). A malformed entry is logged and gives
-    nothing."""
+def entry_items(entry: dict[bytes, bytes], codec: int, client_id: str, skip: int = 0) -> list[str | bytes]:
+    """What client ``client_id`` with ``codec`` gets for one entry: one binary frame per slice of a
+    ``chunk`` entry, or a control message's JSON; minus the first ``skip`` items, which it already
+    holds (a control entry is one item: ``skip=1`` gives nothing). Nothing of a private line's entry
+    that does not name it (``to``), and nothing for a malformed entry (logged)."""
+    allowed = audience(entry)
+    if allowed is not None and client_id not in allowed:
+        return []
     if b"frame" in entry:
         try:
             return list(slice_frames(entry, opus=codec == CODEC_OPUS, skip=skip))
@@ -51,9 +54,10 @@ def entry_items(entry: dict[bytes, bytes], codec: int, skip: int = 0) -> list[st
     return [] if text is None else [text]
 
 
-def client_items(entries: list[Any], codec: int) -> list[str | bytes]:
-    """What a client with ``codec`` gets for raw ``entries`` (``[[id, [field, value...]]...]``)."""
+def client_items(entries: list[Any], codec: int, client_id: str) -> list[str | bytes]:
+    """What client ``client_id`` with ``codec`` gets for raw ``entries`` (``[[id, [field,
+    value...]]...]``)."""
     items: list[str | bytes] = []
     for _entry_id, flat in entries:
-        items += entry_items(fields(flat), codec)
+        items += entry_items(fields(flat), codec, client_id)
     return items

@@ -9,7 +9,9 @@ at most ``rooms_per_reader`` rooms with one blocked ``XREAD`` each and a wake st
 room's cursor moved first; their loops run under the gateway's supervisor (``/readyz``).
 
 Audio entries carry the client's binary frame ready-made, so the hot path is: read, look up the
-room's clients, append the same ``bytes`` object to each client's bounded queue.
+room's clients, append the same ``bytes`` object to each client's bounded queue. The entries of a
+private line (``say`` with ``to``) name their audience: they go to those clients only, here and in
+a catch-up alike (``app/fanout/entries.py``).
 
 A room's clients are *live* (fed by the source) or *catching up* (a resuming client fed from Redis
 by ``app/fanout/catchup.py`` until its position reaches the source's cursor; then it turns live in
@@ -37,7 +39,7 @@ from voxroom.runtime.supervisor import Supervisor
 from voxroom.store import entry_ids, keys
 from voxroom.store.backoff import REDIS_DOWN
 from voxroom.store.interface import Commands, Store
-from voxroom.wire.output_entries import slice_frames
+from voxroom.wire.output_entries import audience, slice_frames
 from voxroom.wire.protocol import CODEC_OPUS, encode_server_message
 
 log = logging.getLogger("voxroom.gateway.hub")
@@ -242,10 +244,14 @@ class RoomHub:
         self.cutoff.succeeded()
 
     def dispatch(self, room: str, entries: list[Any]) -> None:
-        members = self.rooms.get(room)
-        if not members:
+        everyone = self.rooms.get(room)
+        if not everyone:
             return
         for _entry_id, entry in entries:
+            members: set[ClientConnection] | list[ClientConnection] = everyone
+            if b"to" in entry:  # a private line's: its audience only (voxroom/wire/output_entries.py)
+                allowed = audience(entry) or frozenset()
+                members = [client for client in everyone if client.client_id in allowed]
             frame = entry.get(b"frame")
             if frame is not None:
                 # Workers encode Opus once per room; a chunk without it (PyAV missing there, or

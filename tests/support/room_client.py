@@ -107,11 +107,15 @@ class RoomClient:
         assert self.ws is not None
         await self.ws.send(data)
 
-    async def say(self, text: str, voice: str | None = None, seq: int | None = None) -> int:
+    async def say(self, text: str, voice: str | None = None, seq: int | None = None, *,
+                  to: list[str] | None = None) -> int:
+        """Send a ``say`` (``to``: a private line's audience); its seq."""
         self._seq = seq if seq is not None else self._seq + 1
         msg: dict[str, Any] = {"type": "say", "seq": self._seq, "text": text}
         if voice:
             msg["voice"] = voice
+        if to is not None:
+            msg["to"] = to
         await self.send_json(msg)
         return self._seq
 

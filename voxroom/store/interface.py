@@ -99,7 +99,9 @@ class Ingress(Protocol):
     is in the primary but its replicas did not confirm it."""
 
     async def say(self, room: str, sender: str, client_seq: int, text: str, voice: str, *,
-                  lexicon: Mapping[str, str] | None = None) -> SayOutcome: ...
+                  lexicon: Mapping[str, str] | None = None, to: Sequence[str] = ()) -> SayOutcome:
+        """Store a line (``to``: a private line's audience, client ids; empty: the whole room)."""
+        ...
 
     async def cancel(self, room: str, request: CancelRequest) -> list[int]:
         """Cancel lines of ``room`` not yet finished: the room numbers cancelled (already

@@ -38,7 +38,7 @@ from voxroom.store.autopipe import redis_error
 from voxroom.store.entry_ids import entry_id_str
 from voxroom.store.interface import Commands, Fence, JobQueue, StreamWatch, Turn
 from voxroom.wire.jobs import Job
-from voxroom.wire.output_entries import slice_count
+from voxroom.wire.output_entries import AUDIENCE_FIELD, slice_count
 
 PUBLISH_BATCH_JOBS = 64
 """Most jobs' publishes in one script. A script runs alone in Redis: 64 rooms' slices hold it
@@ -179,6 +179,8 @@ class FencedJobBus:
         fence = self.queue.fence(job)
         if fence is None:
             raise OwnershipLost(job.entry_id)
+        if job.to:
+            entries = [_addressed(fields, job) for fields in entries]
         await self.auto.capacity()
         loop = asyncio.get_running_loop()
         item = _Publish(job, fence, entries, started, self._due(job), final, loop.create_future())
@@ -276,7 +278,7 @@ class FencedJobBus:
         if fence is None:
             raise OwnershipLost(job.entry_id)
         flat: list[Any] = []
-        for name, value in end_fields.items():
+        for name, value in (_addressed(end_fields, job) if job.to else end_fields).items():
             flat += [name, value]
         private = job.room.startswith(keys.PRIVATE_ROOM_PREFIX)
         done: Any = await self.auto.call(
@@ -343,3 +345,9 @@ class FencedJobBus:
         await self.queue.aclose()
         await self.auto.aclose()
         await self.raw.aclose()
+
+
+def _addressed(fields: dict[Any, Any], job: Job) -> dict[Any, Any]:
+    """An output entry of a private line, with its audience (``to``: the ``say``'s ids and the
+    sender's), which gateways deliver it to only (voxroom/wire/output_entries.py ``audience``)."""
+    return {**fields, AUDIENCE_FIELD: " ".join(sorted({*job.to, job.sender}))}

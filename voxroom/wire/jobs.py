@@ -28,6 +28,9 @@ class Job:
     lexicon: dict[str, str] = field(default_factory=dict)
     """The line's own respellings (``say``'s ``lexicon``, voxroom/voices/line_lexicon.py), applied over
     the deployment's lexicon for this line only; empty: none."""
+    to: tuple[str, ...] = ()
+    """A private line's audience (``say``'s ``to``) with its sender: every output entry of the line
+    names them, and gateways send it to them only. Empty: the whole room."""
 
     @classmethod
     def from_entry(cls, entry_id: str, fields: dict[str, str]) -> Job:
@@ -35,7 +38,9 @@ class Job:
         An entry without ``switch_from`` (a gateway from before switches spanned lines) switches
         within the line when ``prev_voice`` differs, as it did then; switch fields out of range
         are ignored (the line is spoken in its own voice, never dropped for them), and so is a
-        ``lexicon`` field the gateway would have refused (the line is spoken without it)."""
+        ``lexicon`` field the gateway would have refused (the line is spoken without it). ``to``
+        (a private line's audience) is taken as written: dropping it would speak the line to the
+        whole room."""
         voice = fields["voice"]
         prev = fields.get("prev_voice", voice)
         if "switch_from" in fields:
@@ -52,4 +57,4 @@ class Job:
         return cls(entry_id=entry_id, room=fields["room"], seq=int(fields["seq"]), text=fields["text"],
                    voice=voice, prev_voice=prev, sender=fields.get("sender", ""),
                    time_ms=float(fields.get("time", 0)), switch_from=switch_from, switch_line=line,
-                   switch_lines=lines, lexicon=lexicon)
+                   switch_lines=lines, lexicon=lexicon, to=tuple(fields["to"].split()) if "to" in fields else ())

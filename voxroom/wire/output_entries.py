@@ -8,11 +8,16 @@ so a field exists on the wire exactly when the protocol declares it. Every entry
 entries written before and after an upgrade alike. Control entries hold the message's fields,
 renamed where noted::
 
-    start  seq, sender, voice, text, pts_ms, rate (the sample rate), restart (1, only when true)
+    start  seq, sender, voice, text, pts_ms, rate (the sample rate), restart (1, only when true),
+           private (1, only when true)
     marks  seq, words (the message's ``words``, compact JSON)
     end    seq, chunks, duration_ms, status, code and error (only when failed), pts_ms (where the
            room's audio now ends: for ``voxroom rooms``; clients do not get it)
     chunk  seq, chunk, frame (the binary audio frame), opus (the same slice Opus-encoded; optional)
+
+Every entry of a private line (``say`` with ``to``) also has ``to``: its audience, the client ids
+that may get it (its sender's among them) separated by spaces. Gateways send such an entry to those
+clients only (:func:`audience`); the workers' job bus adds the field (voxroom/store/jobs.py).
 
 A ``chunk`` entry may hold several consecutive slices of one utterance (a paced worker publishes
 an utterance's slices after the first in groups, one entry per group: docs/protocol.md):
@@ -42,6 +47,8 @@ def entry_fields(msg: ControlMessage, *, room_end_ms: float | None = None) -> En
                                "rate": msg["sample_rate"]}
         if msg.get("restart"):
             fields["restart"] = 1
+        if msg.get("private"):
+            fields["private"] = 1
         return fields
     if msg["type"] == "marks":
         return {"kind": "marks", "seq": msg["utterance"],
@@ -88,6 +95,16 @@ def group_fields(seq: int, chunk: int, frames: Sequence[bytes], opus: Sequence[b
     return fields
 
 
+AUDIENCE_FIELD = "to"
+
+
+def audience(fields: Mapping[bytes, bytes]) -> frozenset[str] | None:
+    """Who may get an entry (raw, as Redis returns it): the client ids of a private line's ``to``
+    field, or ``None``: everyone in the room."""
+    to = fields.get(b"to")
+    return None if to is None else frozenset(to.decode(errors="replace").split())
+
+
 def slice_count(fields: Mapping[bytes, bytes]) -> int:
     """How many slices a ``chunk`` entry (raw, as Redis returns it) holds; ``ValueError`` when
     its ``slices`` field is not 1 to :data:`MAX_GROUP`."""
@@ -128,6 +145,8 @@ def control_from_entry(fields: Mapping[bytes, bytes]) -> ControlMessage | None:
                 "pts_ms": float(fields.get(b"pts_ms", b"0")), "sample_rate": int(fields.get(b"rate", ROOM_RATE))}
             if fields.get(b"restart"):
                 start["restart"] = True
+            if fields.get(b"private"):
+                start["private"] = True
             return start
         if kind == b"end":
             status = fields.get(b"status", b"ok").decode()

@@ -45,6 +45,9 @@ SURROGATE_RE: Final = re.compile(r"[\ud800-\udfff]")
 it cannot be encoded as UTF-8 (not to Redis, not back to the client)."""
 CONTROL_CHARS_RE: Final = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 """C0 controls and DEL, except tab, line feed and carriage return (a say's text may hold those)."""
+MAX_AUDIENCE: Final = 12
+"""Most client ids a private line (``say`` with ``to``) may name: a werewolf room's players."""
+MAX_CLIENT_ID_CHARS: Final = 64
 MAX_SCENE_TAGS: Final = 16
 MAX_SCENE_VALUE_CHARS: Final = 64
 
@@ -129,6 +132,9 @@ class Say:
     lexicon: Mapping[str, str] | None = None
     """Words respelled for this line only, over the deployment's lexicon (voxroom/voices/line_lexicon.py
     has the bounds). ``None``: none."""
+    to: tuple[str, ...] | None = None
+    """A private line's audience: the client ids (as ``start.sender`` shows them) that receive it,
+    besides its sender; sorted, each once. ``None``: the whole room."""
     type: Literal["say"] = "say"
 
 
@@ -262,7 +268,8 @@ def parse_client_message(obj: dict[str, Any]) -> ClientMessage:
             lexicon = line_lexicon.parse(obj.get("lexicon"))
         except line_lexicon.BadLexicon as exc:
             raise ProtocolError(ErrorCode.BAD_MESSAGE, str(exc), seq=seq) from None
-        return Say(seq=seq, text=text, voice=voice, scene=scene, lexicon=lexicon or None)
+        return Say(seq=seq, text=text, voice=voice, scene=scene, lexicon=lexicon or None,
+                   to=parse_audience(obj["to"], seq=seq) if "to" in obj else None)
     if kind == "ping":
         t = obj.get("t")
         if t is not None and (isinstance(t, bool) or not isinstance(t, int | float)):
@@ -284,6 +291,20 @@ def parse_client_message(obj: dict[str, Any]) -> ClientMessage:
     if not isinstance(kind, str):
         raise ProtocolError(ErrorCode.BAD_MESSAGE, "'type' must be a string")
     raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown message type {kind[:32]!r}")
+
+
+def parse_audience(value: object, *, seq: int | None = None) -> tuple[str, ...]:
+    """A ``say``'s ``to``: 1 to :data:`MAX_AUDIENCE` client ids, each one a client could have
+    (what ``start.sender`` shows); sorted, duplicates once. Raises :class:`ProtocolError`
+    (``bad_message``) otherwise: an empty list is a mistake, not "nobody"."""
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_AUDIENCE:
+        raise ProtocolError(ErrorCode.BAD_MESSAGE,
+                            f"'to' must be a list of 1 to {MAX_AUDIENCE} client ids", seq=seq)
+    for client in value:
+        if not isinstance(client, str) or not ROOM_ID_RE.match(client):
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, "'to' holds a string that is no client id "
+                                f"(1 to {MAX_CLIENT_ID_CHARS} of A-Z a-z 0-9 _ -)", seq=seq)
+    return tuple(sorted(set(value)))
 
 
 def _parse_cancel(obj: dict[str, Any]) -> Cancel:
@@ -396,6 +417,9 @@ class Start(TypedDict):
     restart: NotRequired[bool]
     """Present (true) when a worker died mid-utterance and another begins it again from chunk 0:
     drop what was received of the first take."""
+    private: NotRequired[bool]
+    """Present (true) on a private line (``say`` with ``to``): only its audience and its sender
+    get anything of it. Who else is in the audience is not said."""
 
 
 class WordMark(TypedDict):
@@ -485,12 +509,15 @@ def error_message(code: str, message: str, *, seq: int | None = None,
 
 
 def start_message(utterance: int, *, sender: str, voice: str, text: str, pts_ms: float,
-                  restart: bool = False) -> Start:
-    """An utterance's ``start``. ``restart``: a second take after its worker died (chunk 0 again)."""
+                  restart: bool = False, private: bool = False) -> Start:
+    """An utterance's ``start``. ``restart``: a second take after its worker died (chunk 0 again).
+    ``private``: a line only its audience hears (``say`` with ``to``)."""
     msg: Start = {"type": "start", "utterance": utterance, "sender": sender, "voice": voice, "text": text,
                   "pts_ms": round(pts_ms, 3), "sample_rate": ROOM_RATE}
     if restart:
         msg["restart"] = True
+    if private:
+        msg["private"] = True
     return msg
 
 

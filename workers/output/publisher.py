@@ -305,7 +305,7 @@ async def _publish_in_turn(bus: JobBus, utt: Utterance, clock: RoomClock, state:
     # A restart: a worker died mid-utterance and we took it over. The clients drop what they got
     # of the first take when they see chunk 0 again (and this flag), so nothing plays twice.
     start = start_message(job.seq, sender=job.sender, voice=voice_name, text=job.text, pts_ms=next_pts,
-                          restart=turn == "restart")
+                          restart=turn == "restart", private=bool(job.to))
     pending: list[EntryFields] = [entry_fields(start)]
     if turn == "restart":
         log.warning("room %s utterance %d restarted from its first slice", job.room, job.seq)

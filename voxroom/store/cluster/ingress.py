@@ -31,7 +31,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -108,13 +108,13 @@ class ClusterIngress:
         await self.calls.aclose()
 
     async def say(self, room: str, sender: str, client_seq: int, text: str, voice: str, *,
-                  lexicon: Mapping[str, str] | None = None) -> SayOutcome:
+                  lexicon: Mapping[str, str] | None = None, to: Sequence[str] = ()) -> SayOutcome:
         o = self.options
         now_ms = int(time.time() * 1000)
         # say.SINGLE's ARGV; the cluster's script reads 7 and 11 as the epoch and the shard.
         return await self.say_and_hand(room, [
             sender, client_seq, text, voice, now_ms, o.utterance_maxlen, o.jobs_maxlen, room, o.max_pending_per_room,
-            o.room_idle_ttl_s, 0, 0, o.switch_lines, line_lexicon.encode(lexicon or {})])
+            o.room_idle_ttl_s, 0, 0, o.switch_lines, line_lexicon.encode(lexicon or {}), " ".join(to)])
 
     async def cancel(self, room: str, request: CancelRequest) -> list[int]:
         return await cancels.cancel(self.calls, SCRIPTS.cancel, room, request)
@@ -134,7 +134,7 @@ class ClusterIngress:
     # -- step 1 ----------------------------------------------------------------------------------
 
     async def accept(self, room: str, argv: list[Any]) -> tuple[SayOutcome, RoomMark | None, Line | None]:
-        """Accept a line (``argv``: ``say.SINGLE``'s ARGV, 14 values). The mark and the line are
+        """Accept a line (``argv``: ``say.SINGLE``'s ARGV, 15 values). The mark and the line are
         ``None`` unless accepted."""
         now_ms = int(argv[4])
         await self.index(room, now_ms)

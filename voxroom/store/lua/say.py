@@ -13,7 +13,8 @@ from __future__ import annotations
 # KEYS: 1 senders, 2 seq, 3 utt, 4 jobs, 5 state, 6 rooms, 7 out.
 # ARGV: 1 sender, 2 client seq, 3 text, 4 voice, 5 now ms, 6 utt maxlen, 7 jobs maxlen, 8 room,
 #       9 max pending, 10 idle ttl s, 11 stale cutoff ms, 12 stale entries per call, 13 switch lines,
-#       14 the line's own lexicon as JSON ('' for none).
+#       14 the line's own lexicon as JSON ('' for none), 15 a private line's audience: client ids
+#       separated by spaces ('' for the whole room).
 GAPS_KEPT = 32
 """How far below a sender's last stored seq a line never stored may still be resent and spoken
 (``duplicate`` means stored: a resend within this of the last is checked against the seqs that were
@@ -89,12 +90,18 @@ if ARGV[14] ~= '' then
   extra[#extra + 1] = 'lexicon'
   extra[#extra + 1] = ARGV[14]
 end
+local audience = {}
+if ARGV[15] ~= '' then
+  audience = {'to', ARGV[15]}
+  extra[#extra + 1] = 'to'
+  extra[#extra + 1] = ARGV[15]
+end
 """
 """Numbering, dedupe, back-pressure and the voice switch: shared with the cluster's ``say``
 (voxroom/store/cluster/ingress.py), which differs only in what it writes after."""
 SINGLE = BODY + """\
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[6], '*', 'seq', seq, 'text', ARGV[3], 'voice', ARGV[4],
-           'sender', ARGV[1], 'client_seq', ARGV[2], 'time', ARGV[5])
+           'sender', ARGV[1], 'client_seq', ARGV[2], 'time', ARGV[5], unpack(audience))
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[7], '*', 'room', ARGV[8], 'seq', seq, 'text', ARGV[3],
            'voice', ARGV[4], 'prev_voice', prev, 'sender', ARGV[1], 'time', ARGV[5], unpack(extra))
 redis.call('EXPIRE', KEYS[1], ARGV[10])
@@ -132,6 +139,10 @@ return {1, seq}
 # - A line's own lexicon (``say``'s ``lexicon``, voxroom/voices/line_lexicon.py) rides in ``vx:jobs`` as
 #   one JSON field, only when given: the worker that synthesizes the line needs it, the room's
 #   log does not. A worker from before ignores the field and speaks the line without it.
+# - A private line's audience (``say``'s ``to``) is in the room's log too (``voxroom room`` marks
+#   the line private and leaves its text out) and in the job, whose worker writes it on every
+#   output entry of the line: gateways deliver those to the audience only. It rides in ``extra``
+#   (Lua's ``unpack`` spreads only a call's last argument).
 
 # KEYS: 1 senders, 2 seq, 3 utt, 4 out, 5 state (one slot: the room's).
 # ARGV: as :data:`SINGLE`'s (the body reads 1, 2, 4, 9, 10, 13, 14), except 7: an epoch for a new

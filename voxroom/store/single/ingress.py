@@ -11,7 +11,7 @@ bounded number per call (docs/operations.md, "Room lifecycle").
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from voxroom.store import cancels, keys
@@ -42,7 +42,7 @@ class SingleIngress:
         await self._pipe.aclose()
 
     async def say(self, room: str, sender: str, client_seq: int, text: str, voice: str, *,
-                  lexicon: Mapping[str, str] | None = None) -> SayOutcome:
+                  lexicon: Mapping[str, str] | None = None, to: Sequence[str] = ()) -> SayOutcome:
         o = self.options
         now_ms = int(time.time() * 1000)
         status, value = await self._pipe.call(
@@ -50,7 +50,7 @@ class SingleIngress:
             keys.JOBS, keys.room_state(room), keys.ROOMS, keys.room_output(room),
             sender, client_seq, text, voice, now_ms, o.utterance_maxlen, o.jobs_maxlen, room, o.max_pending_per_room,
             o.room_idle_ttl_s, now_ms - o.room_idle_ttl_s * 1000, STALE_ROOMS_PER_SAY, o.switch_lines,
-            line_lexicon.encode(lexicon or {}))
+            line_lexicon.encode(lexicon or {}), " ".join(to))
         kind: Literal["accepted", "duplicate", "busy"] = (
             "accepted" if status == 1 else "duplicate" if status == 0 else "busy")
         outcome = SayOutcome(kind, int(value))
