@@ -16,10 +16,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import psutil
 import pytest
 import redis
+from redis.cluster import RedisCluster
 
 from tests.cluster.test_cluster_reads import _hub, _listener, _pipe, _received, _rooms_on_every_primary, _wait_for
 from tests.support.cluster import RedisClusterProcs
@@ -138,6 +140,42 @@ async def test_a_bell_rung_before_the_subscribe_is_covered_by_the_read_after_it(
         await _wait_for("the late entry", lambda: _received(listener) == [b"early", b"late"])
         await hub.leave(listener)
         assert fanout.bells.held() == 0 and not fanout._reading  # nothing kept for the room
+
+
+async def test_a_room_joining_a_node_whose_rooms_all_left_is_subscribed_again(
+        redis_cluster: RedisClusterProcs) -> None:
+    """Once the last room of a node leaves, the node's loop waits for the next room. It used to
+    wait for good: a join sent nothing and woke nothing while the node had no connection, so the
+    new room's bell was never subscribed and the room was heard only at the 2 s sweeps (bursts of
+    two seconds of audio, more than a listener's queue holds: found by the Cluster test of
+    private lines). The sweep is off here: only bells read."""
+    rooms = _rooms_on_every_primary(redis_cluster, per_node=2)
+    with RedisCluster.from_url(redis_cluster.url, socket_timeout=5) as rc:
+        routed: Any = rc  # redis-py's get_node_from_key is untyped
+        node_of = {room: int(routed.get_node_from_key(keys.room_output(room)).port) for room in rooms}
+    first = rooms[0]
+    second = next(room for room in rooms[1:] if node_of[room] == node_of[first])
+    port = node_of[first]
+    async with _hub(redis_cluster.url) as (hub, fanout), _pipe(redis_cluster.url) as pipe:
+        fanout.sweep_s = 3600.0
+        for n, room in enumerate((first, second)):
+            listener = _listener(room)
+            await hub.join(listener)
+            await until(lambda room=room: _subscribers(port, room) == 1, f"room {n}'s bell subscribed", timeout=10)
+            _entry, receivers = await pipe.call("EVAL", RING_XADD, 1, keys.room_output(room), b"ding",
+                                                keys.room_bell(room))
+            assert receivers == 1, f"room {n}: its bell reaches the gateway"
+            await _wait_for(f"room {n}'s entry", lambda listener=listener: _received(listener) == [b"ding"])
+            await hub.leave(listener)  # the node's only room leaves: its loop waits for the next
+            assert fanout.bells.held() == 0
+            await until(lambda: not any(node.connected for node in fanout.bells._nodes.values()),
+                        "the node's subscriber connection closed", timeout=10)
+
+
+def _subscribers(port: int, room: str) -> int:
+    with redis.Redis(port=port, socket_timeout=5) as r:
+        numsub: Any = r.execute_command("PUBSUB", "SHARDNUMSUB", keys.room_bell(room))
+    return int(numsub[1])
 
 
 def test_the_bell_channel_is_the_output_key_with_bell_for_out() -> None:

@@ -2,7 +2,8 @@
 its Cluster implementation. Rooms whose slots lie on each of the three primaries, a speaker on one
 gateway and a listener on the other (each given a different node), one synthetic worker: a
 playing line cut for both listeners at the same slice, the queued lines behind it never started,
-and the room speaking again right after; and a queued line cancelled by its say ``seq``.
+and the room speaking again right after; and a queued line cancelled by its say ``seq``. Private
+lines (the other half of the game master's controls) on the same rooms.
 """
 
 from __future__ import annotations
@@ -97,3 +98,32 @@ async def test_a_queued_line_cancelled_by_its_seq(gateways: list[int], redis_clu
         assert listener.got.frames_of(2) == []
         assert_whole(listener.got, 1)
         assert_whole(listener.got, 3)
+
+
+async def _a_private_line(ports: list[int], room: str) -> None:
+    a, b = ports
+    secret = "Your pack is the miller and the baker."
+    async with (RoomClient(a, room, client="gm") as gm, RoomClient(b, room, client="wolf") as wolf,
+                RoomClient(a, room, client="v1") as v1, RoomClient(b, room, client="v2") as v2):
+        await gm.say(SHORT)
+        await gm.say(secret, to=["wolf"])
+        await gm.say("The village wakes.")
+        for client in (gm, wolf, v1, v2):
+            await client.wait_for(lambda g: bool(ends_of(g, 3)), 60)
+        await asyncio.sleep(0.3)
+        for insider in (gm, wolf):
+            assert [s["utterance"] for s in insider.got.of("start")] == [1, 2, 3]
+            assert_whole(insider.got, 2)
+        for outsider in (v1, v2):
+            assert [s["utterance"] for s in outsider.got.of("start")] == [1, 3]
+            assert outsider.got.frames_of(2) == [] and "miller" not in str(outsider.got.messages)
+    # A replay from Redis after the fact: the same filter.
+    async with RoomClient(b, room, client="late", resume="1.end") as late:
+        await late.wait_for(lambda g: bool(ends_of(g, 3)), 30)
+        assert [s["utterance"] for s in late.got.of("start")] == [3] and late.got.frames_of(2) == []
+
+
+async def test_a_private_line_on_rooms_of_every_primary(gateways: list[int], redis_cluster: RedisClusterProcs) -> None:
+    """Private lines (``say`` with ``to``) in Cluster mode: the audience and the sender get the line
+    whole, the others on both gateways nothing of it, live and in a ``?resume=`` replay."""
+    await asyncio.gather(*(_a_private_line(gateways, room) for room in _room_per_primary(redis_cluster)))

@@ -8,6 +8,7 @@ whole right after. Who may cancel what is checked on a gateway with auth on.
 from __future__ import annotations
 
 import asyncio
+import random
 import os
 import signal
 import subprocess
@@ -17,9 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
-from tests.support.cuts import assert_cut, assert_whole, cancel, ends_of
+from tests.support.cuts import assert_cut, assert_whole, cancel, ends_of, pcm_of
 from tests.support.processes import ROOT, Proc, base_env, start_gateway, start_worker
 from tests.support.room_client import RoomClient, resume_point
 from voxroom.store.server import RedisServer
@@ -264,3 +266,44 @@ async def test_http_delete_cancels_as_the_socket_does(stack: CancelStack, room: 
                 if row.split() and row.split()[0].isdigit() and len(row.split()) > 2}
     assert {n: statuses.get(n) for n in (1, 2, 3, 4)} == {1: "cancelled", 2: "cancelled", 3: "cancelled",
                                                           4: "cancelled"}, shown
+
+
+async def test_a_cancel_racing_a_lines_end_gives_every_listener_exactly_one_end(stack: CancelStack,
+                                                                              room: str) -> None:
+    """Eight short lines, each cancelled at a different moment around its end (a seeded spread
+    from its start to past its last slice): whichever wins, every listener on either gateway gets
+    one ``end`` per line, the same one, ``cancelled`` exactly when the cancel was answered
+    ``cancelled`` and ``ok`` when it was answered ``not_found``, and never both."""
+    a, b = stack.gateways
+    rng = random.Random(30)
+    n = 8
+    async with RoomClient(a, room) as speaker, RoomClient(a, room) as here, RoomClient(b, room) as there:
+        for i in range(1, n + 1):
+            await speaker.say(f"Short line {i}.", voice=VOICE)
+        answers: dict[int, str] = {}
+        for u in range(1, n + 1):
+            await speaker.wait_for(lambda g, u=u: any(s["utterance"] == u for s in g.of("start")), 60)
+            await asyncio.sleep(rng.uniform(0.0, 1.6))  # each line is about a second
+            reply = await cancel(speaker, utterance=u)
+            answers[u] = "cancelled" if reply == {"type": "cancelled", "utterances": [u]} else reply["code"]
+        for listener in (here, there):
+            await listener.wait_for(lambda g: len(g.ends()) >= n, 60)
+        await asyncio.sleep(0.5)  # a second end would have arrived by now
+        for listener in (here, there):
+            ends = listener.got.ends()
+            assert [e["utterance"] for e in ends] == list(range(1, n + 1)), ends
+            for end in ends:
+                u = end["utterance"]
+                assert (answers[u], end["status"]) in (("cancelled", "cancelled"), ("not_found", "ok")), (u, answers, end)
+                if end["status"] == "ok":
+                    assert_whole(listener.got, u)
+                    continue
+                # Cut at a slice (faded), or cancelled after its last slice went out (every slice
+                # plays, with the line's own fade at its end): either way contiguous, ending
+                # quietly, nothing after the end.
+                frames = listener.got.frames_of(u)
+                assert [f.chunk for f in frames] == list(range(end["chunks"])) and frames[-1].last, (u, end)
+                tail = pcm_of(listener.got, u)[-1][-48:].astype(np.int32)  # the last 2 ms
+                assert abs(tail).max() <= 64, (u, end, abs(tail).max())
+        assert here.got.ends() == there.got.ends()
+        print(f"\nanswers: {answers}")

@@ -94,7 +94,11 @@ class _Node:
     def send(self, command: str, room: str) -> None:
         if self.connected:  # otherwise the next connection subscribes every room anyway
             self.outbox.append((command, room))
-            self.kick.set()
+        # Kicked either way: a loop whose node's last room left waits on it for the next room to
+        # open a connection (once, only a connected node was kicked, and a room joining a node
+        # all of whose rooms had left this gateway was never subscribed: heard every 2 s sweep,
+        # in bursts that overflowed its listeners' queues).
+        self.kick.set()
 
 
 class ClusterBells:
