@@ -10,6 +10,10 @@ export const SLICE_SAMPLES = (ROOM_RATE * SLICE_MS) / 1000;
 export const MAX_TEXT_CHARS = 500;
 /** Largest integer both JSON and JavaScript numbers carry exactly; the server's MAX_SEQ. */
 export const MAX_SEQ = Number.MAX_SAFE_INTEGER;
+/** Most client ids a private line (say() with `to`) may name. */
+export const MAX_AUDIENCE = 12;
+/** What a client id is (what `start.sender` and `welcome.client` show). */
+const CLIENT_ID_RE = /^[A-Za-z0-9_-]{1,64}$/;
 
 export const AUDIO_MAGIC = 'VX';
 export const AUDIO_HEADER_BYTES = 32;
@@ -177,17 +181,24 @@ export function pcm16ToFloat32(payload, channels = 1) {
  *   (e.g. {emotion: 'calm', language: 'eng'}); give a voice or a scene, not both
  * @param {Record<string, string>} [lexicon]  this line's own respellings ({GM: 'game master'}):
  *   at most 16, keys 1-64 and respellings 1-128 characters, no brackets (docs/protocol.md)
+ * @param {string[]} [to]  a private line: only these clients (ids as `start.sender` shows them,
+ *   1 to MAX_AUDIENCE) and the sender get anything of it; the others hear the room's silence
  * @returns {string}
  */
-export function encodeSay(seq, text, voice, scene, lexicon) {
+export function encodeSay(seq, text, voice, scene, lexicon, to) {
   if (!Number.isSafeInteger(seq) || seq < 1) throw new RangeError(`seq must be an integer in 1..${MAX_SEQ}`);
   if (voice && scene) throw new TypeError("give 'voice' or 'scene', not both");
+  if (to !== undefined && (!Array.isArray(to) || to.length < 1 || to.length > MAX_AUDIENCE
+      || !to.every((id) => typeof id === 'string' && CLIENT_ID_RE.test(id)))) {
+    throw new TypeError(`'to' must be 1 to ${MAX_AUDIENCE} client ids`);
+  }
   /** @type {{type: 'say', seq: number, text: string, voice?: string, scene?: Record<string, string>,
-   *   lexicon?: Record<string, string>}} */
+   *   lexicon?: Record<string, string>, to?: string[]}} */
   const msg = { type: 'say', seq, text };
   if (voice) msg.voice = voice;
   if (scene) msg.scene = scene;
   if (lexicon && Object.keys(lexicon).length) msg.lexicon = lexicon;
+  if (to !== undefined) msg.to = to;
   return JSON.stringify(msg);
 }
 
@@ -233,8 +244,9 @@ export function encodeResume(seq, chunk) {
  *   slice_ms: number, voice: string, server_ms: number, codec?: 'pcm16' | 'opus',
  *   role?: 'speaker' | 'listener' | 'host', lead_ms?: number, claim?: string}} Welcome
  * @typedef {{type: 'accepted', seq: number, utterance: number}} Accepted
+ * `private`: a line only its audience and its sender get (say() with `to`); who else got it is not said.
  * @typedef {{type: 'start', utterance: number, sender: string, voice: string, text: string,
- *   pts_ms: number, sample_rate: number, restart?: boolean}} Start
+ *   pts_ms: number, sample_rate: number, restart?: boolean, private?: boolean}} Start
  * One word of a `marks` message: room-clock times (as `start.pts_ms`), and its place in
  * `start.text` in code points (index `Array.from(text)`, not the UTF-16 string).
  * @typedef {{text: string, start_ms: number, end_ms: number, offset: number, length: number}} WordMark
@@ -267,7 +279,7 @@ const WELCOME = { type: true, protocol: true, room: true, client: true, sample_r
 const ACCEPTED = { type: true, seq: true, utterance: true };
 /** @type {AllKeys<Start>} */
 const START = { type: true, utterance: true, sender: true, voice: true, text: true, pts_ms: true,
-  sample_rate: true, restart: true };
+  sample_rate: true, restart: true, private: true };
 /** @type {AllKeys<Marks>} */
 const MARKS = { type: true, utterance: true, words: true };
 /** @type {AllKeys<End>} */

@@ -183,12 +183,15 @@ export class VoxroomClient extends EventTarget {
    * While reconnecting the line waits and is sent (again) after the welcome: the server ignores
    * a seq it already accepted, so a resend never speaks twice.
    * @param {string} text
-   * @param {{voice?: string, scene?: Record<string, string>, lexicon?: Record<string, string>}} [options]
+   * @param {{voice?: string, scene?: Record<string, string>, lexicon?: Record<string, string>,
+   *   to?: string[]}} [options]
    *   a voice id, or a scene (tags such as {emotion: 'calm'}) the server resolves to a voice, not
-   *   both; `lexicon`: this line's own respellings ({GM: 'game master'}, docs/protocol.md)
+   *   both; `lexicon`: this line's own respellings ({GM: 'game master'}, docs/protocol.md); `to`:
+   *   a private line, heard only by these clients (ids as `start.sender` shows them, 1 to 12) and
+   *   by this one; the rest of the room hears silence for its length
    * @returns {Promise<{seq: number, utterance: number | null}>}
    */
-  say(text, { voice, scene, lexicon } = {}) {
+  say(text, { voice, scene, lexicon, to } = {}) {
     if (this.#pending.size >= MAX_PENDING_SAYS) {
       return Promise.reject(Object.assign(new Error('too many lines waiting for the server'), { code: 'busy' }));
     }
@@ -198,7 +201,7 @@ export class VoxroomClient extends EventTarget {
     const seq = this.#seq;
     let frame;
     try {
-      frame = encodeSay(seq, text, scene ? undefined : voice ?? this.options.voice, scene, lexicon);
+      frame = encodeSay(seq, text, scene ? undefined : voice ?? this.options.voice, scene, lexicon, to);
     } catch (err) {
       return Promise.reject(Object.assign(/** @type {Error} */ (err), { code: 'bad_message' }));
     }

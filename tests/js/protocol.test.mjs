@@ -106,6 +106,12 @@ test('client messages are the JSON the server parses', () => {
   assert.throws(() => encodeSay(8, 'x', 'en-joe', { emotion: 'calm' }), TypeError);
   assert.throws(() => encodeSay(0, 'x'), RangeError);
   assert.throws(() => encodeSay(2 ** 53, 'x'), RangeError);
+  // A private line: 1 to 12 client ids, each one a server would take (voxroom/wire/protocol.py).
+  assert.deepEqual(JSON.parse(encodeSay(9, 'psst', 'en-joe', undefined, undefined, ['seer', 'wolf_2'])),
+    { type: 'say', seq: 9, text: 'psst', voice: 'en-joe', to: ['seer', 'wolf_2'] });
+  for (const bad of [[], Array.from({ length: 13 }, (_, i) => `p${i}`), ['a:b'], ['x'.repeat(65)], [7], 'seer']) {
+    assert.throws(() => encodeSay(9, 'psst', undefined, undefined, undefined, /** @type {any} */ (bad)), TypeError);
+  }
   assert.deepEqual(JSON.parse(encodePing(12.5)), { type: 'ping', t: 12.5 });
   assert.deepEqual(JSON.parse(encodeResume(9, 41)), { type: 'resume', seq: 9, chunk: 41 });
 });
