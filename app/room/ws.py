@@ -207,6 +207,8 @@ async def _handle(msg: protocol.ClientMessage, conn: ClientConnection, state: Ga
         await _resume_message(msg, conn, state, limits)
         return
     if isinstance(msg, protocol.Cancel):
+        if msg.room is not None and msg.room != conn.room:
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, "a socket cancels lines of its own room only")
         if not grant.can_speak:
             raise ProtocolError(ErrorCode.FORBIDDEN, "a listener token cannot cancel lines")
         # The same bucket as says: each cancel is a script call on the room's state.

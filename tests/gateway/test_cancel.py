@@ -157,7 +157,8 @@ async def test_who_may_cancel_which_line(stack: CancelStack, room: str) -> None:
         assert (await cancel(alice, utterance=1))["code"] == "not_found"  # finished
         assert (await cancel(alice, utterance=99))["code"] == "not_found"
         for bad in ({}, {"utterance": "1"}, {"utterance": -1}, {"utterance": 2**60}, {"all": False},
-                    {"utterance": 1, "seq": 2}, {"seq": True}):
+                    {"utterance": 1, "seq": 2}, {"seq": True}, {"utterance": 1, "room": "another-room"},
+                    {"all": True, "room": "a:b"}, {"utterance": 1, "room": 7}):
             reply = await cancel(alice, **bad)
             assert reply["type"] == "error" and reply["code"] == "bad_message", (bad, reply)
         await asyncio.sleep(0.5)

@@ -164,6 +164,9 @@ class Cancel:
     utterance: int | None = None
     seq: int | None = None
     all: bool = False
+    room: str | None = None
+    """Optional: the room the lines are in. A socket cancels lines of its own room only: another
+    room named here is refused (``bad_message``), never taken for this one."""
     type: Literal["cancel"] = "cancel"
 
 
@@ -311,14 +314,17 @@ def _parse_cancel(obj: dict[str, Any]) -> Cancel:
     given = [name for name in ("utterance", "seq", "all") if name in obj]
     if len(given) != 1:
         raise ProtocolError(ErrorCode.BAD_MESSAGE, "a cancel names exactly one of 'utterance', 'seq' and 'all'")
+    room = obj.get("room")
+    if room is not None and (not isinstance(room, str) or not ROOM_ID_RE.match(room)):
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, "'room' must be a room id")
     if given == ["all"]:
         if obj["all"] is not True:
             raise ProtocolError(ErrorCode.BAD_MESSAGE, "'all' must be true")
-        return Cancel(all=True)
+        return Cancel(all=True, room=room)
     if given == ["seq"]:
         seq = _int_field(obj, "seq", minimum=1, maximum=MAX_SAY_SEQ)
-        return Cancel(seq=seq)
-    return Cancel(utterance=_int_field(obj, "utterance", minimum=1))
+        return Cancel(seq=seq, room=room)
+    return Cancel(utterance=_int_field(obj, "utterance", minimum=1), room=room)
 
 
 def check_say_text(text: str, *, seq: int | None = None) -> None:
