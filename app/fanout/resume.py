@@ -62,7 +62,12 @@ def stop_here(point: ResumePoint, fields: dict[Any, Any]) -> bool:
     (the last entry it holds)? An entry of an earlier utterance is (the client's own entries were
     trimmed away: everything after it is news to the client). Entries of the same utterance count
     only when they are exactly what the client named."""
-    seq = int(fields.get(b"seq", b"0"))
+    if b"seq" not in fields:
+        # No line's entry (a ``cancel`` or ``piece`` notice for the workers, which no client is
+        # sent): never a position. Read as line 0 it once stopped the scan early, and a client
+        # resuming across a cancel missed the slices between its position and that notice.
+        return False
+    seq = int(fields[b"seq"])
     if seq != point.utterance:
         return seq < point.utterance
     kind = fields.get(b"kind")

@@ -21,7 +21,7 @@ from voxroom.store import clients as redis_client
 from voxroom.store import keys
 from voxroom.store.server import RedisServer
 from voxroom.wire.jobs import Job
-from voxroom.wire.output_entries import EntryFields, chunk_fields, control_from_entry, entry_fields
+from voxroom.wire.output_entries import EntryFields, chunk_fields, control_from_entry, entry_fields, group_fields
 from voxroom.wire.protocol import (
     CODEC_PCM16,
     MAX_END_ERROR_CHARS,
@@ -207,3 +207,15 @@ def test_marks_reach_clients_in_stream_order_and_are_never_a_resume_position() -
                                                                                    "end"]
     for point in (ResumePoint(9, -1), ResumePoint(9, 0), ResumePoint(9, -1, has_end=True)):
         assert not stop_here(point, as_redis_returns(marks))
+
+
+def test_a_workers_notice_in_the_stream_is_never_a_resume_position() -> None:
+    """``cancel`` (and ``piece``) entries tell the workers something and name no line: scanning
+    back from the tail, the scan passes them. Read as line 0 they once ended it early, and a
+    client that held slice 12 of line 9 was sent slice 16 onwards, missing 13 to 15."""
+    point = ResumePoint(9, 12)
+    stream = [chunk_fields(9, 12, b"VX-12"), group_fields(9, 13, [b"VX-13", b"VX-14", b"VX-15"]),
+              {"kind": "cancel", "utterances": "9"}, chunk_fields(9, 16, b"VX-16")]
+    scanned = [as_redis_returns(e) for e in reversed(stream)]
+    stops = [stop_here(point, entry) for entry in scanned]
+    assert stops == [False, False, False, True]
