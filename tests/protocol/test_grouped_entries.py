@@ -74,7 +74,7 @@ def test_a_group_is_the_same_frames_in_order_and_one_slice_is_the_old_entry() ->
     assert slice_frames(entry) == frames
     assert slice_frames(entry, opus=True) == opus
     assert slice_frames(entry, skip=2) == frames[2:]
-    assert entry_items(entry, CODEC_PCM16) == frames and entry_items(entry, CODEC_OPUS) == opus
+    assert entry_items(entry, CODEC_PCM16, "anyone") == frames and entry_items(entry, CODEC_OPUS, "anyone") == opus
     assert group_fields(1, 4, frames[:1]) == chunk_fields(1, 4, frames[0]), "one slice: the entry as before"
     assert slice_frames(as_redis_returns(chunk_fields(1, 4, frames[0]))) == frames[:1]
     with pytest.raises(ValueError):
@@ -83,7 +83,7 @@ def test_a_group_is_the_same_frames_in_order_and_one_slice_is_the_old_entry() ->
     del broken[b"frame2"]
     with pytest.raises(ValueError):
         slice_frames(broken)
-    assert entry_items(broken, CODEC_PCM16) == [], "a malformed entry is skipped, not a crash"
+    assert entry_items(broken, CODEC_PCM16, "anyone") == [], "a malformed entry is skipped, not a crash"
 
 
 def test_client_items_expand_groups_between_control_entries() -> None:
@@ -92,7 +92,7 @@ def test_client_items_expand_groups_between_control_entries() -> None:
               chunk_fields(2, 0, f[0]), group_fields(2, 1, f[1:3]), group_fields(2, 3, f[3:5]),
               entry_fields(end_message(2, chunks=5, duration_ms=200.0))]
     raw = [[f"{i}-0".encode(), [x for kv in as_redis_returns(e).items() for x in kv]] for i, e in enumerate(stream)]
-    items = client_items(raw, CODEC_PCM16)
+    items = client_items(raw, CODEC_PCM16, "anyone")
     assert isinstance(items[0], str) and isinstance(items[-1], str)
     assert [AudioFrame.decode(i).chunk for i in items if isinstance(i, bytes)] == [0, 1, 2, 3, 4]
 
@@ -139,7 +139,7 @@ async def test_the_publisher_groups_paced_slices_after_the_first_and_clients_get
             assert chunks == [(0, 1), (1, PACED_GROUP), (3, PACED_GROUP), (5, PACED_GROUP)]
         else:  # unpaced (private API rooms, read by app/api/speech_room.py): one slice an entry, as before
             assert chunks == [(c, 1) for c in range(7)]
-        items = client_items([[i, [x for kv in f.items() for x in kv]] for i, f in entries], CODEC_PCM16)
+        items = client_items([[i, [x for kv in f.items() for x in kv]] for i, f in entries], CODEC_PCM16, "anyone")
         heard = [AudioFrame.decode(i) for i in items if isinstance(i, bytes)]
         assert [(f.chunk, int(np.frombuffer(f.payload, dtype="<i2")[SLICE_SAMPLES // 2])) for f in heard] == [
             (c, c) for c in range(7)], "each slice once, in order, its own audio"

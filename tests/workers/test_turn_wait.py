@@ -58,7 +58,7 @@ async def _publish(bus: FencedJobBus, utt: Utterance) -> PublishResult:
 async def _frames(raw: Redis, room: str) -> list[AudioFrame]:
     """The audio frames a PCM client of ``room`` gets, in the order it gets them."""
     entries: Any = await raw.xrange(keys.room_output(room))
-    items = client_items([[i, [x for kv in f.items() for x in kv]] for i, f in entries], CODEC_PCM16)
+    items = client_items([[i, [x for kv in f.items() for x in kv]] for i, f in entries], CODEC_PCM16, "anyone")
     return [AudioFrame.decode(item) for item in items if isinstance(item, bytes)]
 
 

@@ -91,7 +91,7 @@ if ARGV[14] ~= '' then
   extra[#extra + 1] = ARGV[14]
 end
 local audience = {}
-if ARGV[15] ~= '' then
+if (ARGV[15] or '') ~= '' then
   audience = {'to', ARGV[15]}
   extra[#extra + 1] = 'to'
   extra[#extra + 1] = ARGV[15]
