@@ -134,7 +134,8 @@ async def test_cache_entries_spread_over_every_primary(redis_cluster: RedisClust
     slots = Settings().cache_slots
     store = await stores.open(redis_cluster.url)
     try:
-        cache = AudioCache(store.commands(decode=False), store.commands(decode=False), slots=slots, lru_entries=0)
+        cache = AudioCache(store.commands(decode=False), puts := store.commands(decode=False), slots=slots,
+                           lru_entries=0)
         rng = np.random.default_rng(7)
         lines = {}
         for n in range(30):
@@ -144,6 +145,7 @@ async def test_cache_entries_spread_over_every_primary(redis_cluster: RedisClust
             lines[fp] = pcm
         stored = await asyncio.gather(*(cache.put(fp, pcm) for fp, pcm in lines.items()))
         assert all(stored) and cache.stats.errors == 0
+        assert puts.batches_sent < len(lines)  # stores batched per node too
         # Lookups of one loop turn share round trips: read back through a fresh cache (no LRU).
         fresh = AudioCache(lookups := store.commands(decode=False), store.commands(decode=False), slots=slots,
                            lru_entries=0)

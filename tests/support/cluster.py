@@ -22,6 +22,7 @@ from typing import Any
 import redis
 
 from tests.support.tls import TlsFiles
+from voxroom.store.redis_config import SERVER_ARGS
 from voxroom.store.server import find_redis_server, free_port
 
 PRIMARIES = 3
@@ -70,7 +71,7 @@ class RedisClusterProcs:
             args = [self.executable, *self._port_args(port), "--cluster-port", str(bus), "--bind", "127.0.0.1",
                     "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf",
                     "--cluster-node-timeout", "5000", "--cluster-require-full-coverage", "no",
-                    "--dir", str(self.data_dir), "--save", "",
+                    "--dir", str(self.data_dir), "--save", "", *SERVER_ARGS,
                     "--appendonly", "no", "--protected-mode", "no"]
             # The server's own log: to a file, never a pipe nobody reads (it would fill and block it).
             args += ["--logfile", str(self.data_dir / f"redis-{port}.log")]
