@@ -26,7 +26,9 @@
  * @typedef {object} JitterStats
  * @property {number} depth       slices buffered and not yet started
  * @property {number} bufferedMs  audio queued ahead of the playhead, ms
- * @property {number} underruns   times the buffer ran dry inside an utterance
+ * @property {number} underruns   times the buffer ran dry inside an utterance (audio late or lost)
+ * @property {number} pauses      silences inside an utterance that the server put on the room clock
+ *   (an open line waiting for its next words): the next slice came whole, on its own time
  * @property {number} lateDrops   slices that arrived after their play time
  * @property {number} concealed   missing slices played as silence
  * @property {number} played      slices that started playing
@@ -65,6 +67,9 @@ const compareKey = (a, b) => (a.seq - b.seq) || (a.chunk - b.chunk);
 const MAX_MARKED = 64;
 /** Words kept per utterance (a line is at most 500 code points); more are refused. */
 const MAX_WORDS = 1024;
+
+/** A slice that starts within this of its scheduled time after a dry spell began on time (µs). */
+const PAUSE_SLACK_US = 5000;
 
 export class JitterBuffer {
   /** @type {Map<number, number>} chunk counts from `end` messages, by utterance (bounded) */
@@ -108,7 +113,7 @@ export class JitterBuffer {
     this.inUnderrun = false;
     this.fadeLeft = 0;
     this.fadeLen = 1;
-    this.counters = { underruns: 0, lateDrops: 0, concealed: 0, played: 0, duplicates: 0, restarts: 0,
+    this.counters = { underruns: 0, pauses: 0, lateDrops: 0, concealed: 0, played: 0, duplicates: 0, restarts: 0,
       overflowDrops: 0 };
   }
 
@@ -323,6 +328,13 @@ export class JitterBuffer {
     this.counters.played++;
     const u = this.utterance;
     if (u && u.seq === s.seq) {
+      if (this.inUnderrun && s.chunk === u.next && t - s.start < PAUSE_SLACK_US) {
+        // The buffer ran dry, and what ended it is the very next slice, starting on its own time:
+        // nothing was late or lost. The server moved the rest of the line later on the room clock
+        // (an open line waiting for words; docs/protocol.md): a pause, not an underrun.
+        this.counters.underruns--;
+        this.counters.pauses++;
+      }
       // Slices of this utterance that never came were played as silence: conceal, not stall.
       if (s.chunk > u.next) this.counters.concealed += s.chunk - u.next;
       u.next = Math.max(u.next, s.chunk + 1);

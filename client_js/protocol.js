@@ -10,6 +10,10 @@ export const SLICE_SAMPLES = (ROOM_RATE * SLICE_MS) / 1000;
 export const MAX_TEXT_CHARS = 500;
 /** Largest integer both JSON and JavaScript numbers carry exactly; the server's MAX_SEQ. */
 export const MAX_SEQ = Number.MAX_SAFE_INTEGER;
+/** Most `append` parts of one open line (flushes count too). */
+export const MAX_LINE_PARTS = 1000;
+/** An open line's whole text, markup included. */
+export const MAX_OPEN_LINE_CHARS = 4000;
 /** Most client ids a private line (say() with `to`) may name. */
 export const MAX_AUDIENCE = 12;
 /** What a client id is (what `start.sender` and `welcome.client` show). */
@@ -37,6 +41,9 @@ export const ErrorCode = Object.freeze({
   UNKNOWN_LANGUAGE: 'unknown_language',
   FRAME_TOO_LARGE: 'frame_too_large',
   DUPLICATE: 'duplicate',
+  /** A `say` whose seq is more than 32 below this client's last stored one: whether it was
+   * stored nobody can tell now; it was not stored this time (send it with a new seq). */
+  SEQ_TOO_OLD: 'seq_too_old',
   BUSY: 'busy',
   RATE_LIMITED: 'rate_limited',
   FORBIDDEN: 'forbidden',
@@ -183,9 +190,11 @@ export function pcm16ToFloat32(payload, channels = 1) {
  *   at most 16, keys 1-64 and respellings 1-128 characters, no brackets (docs/protocol.md)
  * @param {string[]} [to]  a private line: only these clients (ids as `start.sender` shows them,
  *   1 to MAX_AUDIENCE) and the sender get anything of it; the others hear the room's silence
+ * @param {boolean} [open]  an open line: more text follows in `append` parts (encodeAppend); its
+ *   `text` is sent as it is (not trimmed) and may be empty
  * @returns {string}
  */
-export function encodeSay(seq, text, voice, scene, lexicon, to) {
+export function encodeSay(seq, text, voice, scene, lexicon, to, open) {
   if (!Number.isSafeInteger(seq) || seq < 1) throw new RangeError(`seq must be an integer in 1..${MAX_SEQ}`);
   if (voice && scene) throw new TypeError("give 'voice' or 'scene', not both");
   if (to !== undefined && (!Array.isArray(to) || to.length < 1 || to.length > MAX_AUDIENCE
@@ -193,8 +202,9 @@ export function encodeSay(seq, text, voice, scene, lexicon, to) {
     throw new TypeError(`'to' must be 1 to ${MAX_AUDIENCE} client ids`);
   }
   /** @type {{type: 'say', seq: number, text: string, voice?: string, scene?: Record<string, string>,
-   *   lexicon?: Record<string, string>, to?: string[]}} */
+   *   lexicon?: Record<string, string>, to?: string[], open?: boolean}} */
   const msg = { type: 'say', seq, text };
+  if (open) msg.open = true;
   if (voice) msg.voice = voice;
   if (scene) msg.scene = scene;
   if (lexicon && Object.keys(lexicon).length) msg.lexicon = lexicon;
@@ -221,6 +231,36 @@ export function encodeCancel(what) {
   const n = key === 'seq' ? what.seq : what.utterance;
   if (!Number.isSafeInteger(n) || /** @type {number} */ (n) < 1) throw new RangeError(`${key} must be an integer in 1..${MAX_SEQ}`);
   return JSON.stringify({ type: 'cancel', [key]: n });
+}
+
+/**
+ * A piece of this client's open line `seq` (docs/protocol.md, "Lines streamed in"): part 1, 2,
+ * 3... in order; `final` closes the line (`text` may then be empty). A part resent is answered
+ * `duplicate` and never spoken twice.
+ * @param {number} seq @param {number} part @param {string} text @param {boolean} [final]
+ * @returns {string}
+ */
+export function encodeAppend(seq, part, text, final = false) {
+  if (!Number.isSafeInteger(seq) || seq < 1) throw new RangeError(`seq must be an integer in 1..${MAX_SEQ}`);
+  if (!Number.isSafeInteger(part) || part < 1 || part > MAX_LINE_PARTS) {
+    throw new RangeError(`part must be an integer in 1..${MAX_LINE_PARTS}`);
+  }
+  if (typeof text !== 'string') throw new TypeError("'text' must be a string");
+  if (!text && !final) throw new TypeError('an append without text must be final');
+  /** @type {{type: 'append', seq: number, part: number, text: string, final?: boolean}} */
+  const msg = { type: 'append', seq, part, text };
+  if (final) msg.final = true;
+  return JSON.stringify(msg);
+}
+
+/**
+ * Speak what the open line `seq` holds now, even mid-sentence; the server answers `flushed` once
+ * that audio is published.
+ * @param {number} seq @returns {string}
+ */
+export function encodeFlush(seq) {
+  if (!Number.isSafeInteger(seq) || seq < 1) throw new RangeError(`seq must be an integer in 1..${MAX_SEQ}`);
+  return JSON.stringify({ type: 'flush', seq });
 }
 
 /** @param {number} t  the client's send time, echoed back in `pong` */
@@ -262,7 +302,12 @@ export function encodeResume(seq, chunk) {
  * The answer to a `cancel`: the room numbers of the lines it stopped, sorted (empty for an `all`
  * that found nothing to stop).
  * @typedef {{type: 'cancelled', utterances: number[]}} Cancelled
- * @typedef {Welcome | Accepted | Start | Marks | End | ErrorMessage | Pong | Cancelled} ServerMessage
+ * A piece of an open line as it is spoken: `offset` is where it starts in the line's whole text
+ * (`start.text` is the first piece), in code points.
+ * @typedef {{type: 'text', utterance: number, offset: number, text: string}} Text
+ * To an open line's sender: the audio through part `part` of its line `seq` is published.
+ * @typedef {{type: 'flushed', seq: number, part: number}} Flushed
+ * @typedef {Welcome | Accepted | Start | Marks | End | ErrorMessage | Pong | Cancelled | Text | Flushed} ServerMessage
  */
 
 /**
@@ -290,6 +335,10 @@ const ERROR = { type: true, code: true, message: true, seq: true, retry_after_ms
 const PONG = { type: true, t: true, server_ms: true };
 /** @type {AllKeys<Cancelled>} */
 const CANCELLED = { type: true, utterances: true };
+/** @type {AllKeys<Text>} */
+const TEXT = { type: true, utterance: true, offset: true, text: true };
+/** @type {AllKeys<Flushed>} */
+const FLUSHED = { type: true, seq: true, part: true };
 /** @type {AllKeys<WordMark>} */
 const WORD_MARK = { text: true, start_ms: true, end_ms: true, offset: true, length: true };
 
@@ -306,13 +355,15 @@ export const SERVER_MESSAGE_FIELDS = Object.freeze({
   error: Object.freeze(Object.keys(ERROR)),
   pong: Object.freeze(Object.keys(PONG)),
   cancelled: Object.freeze(Object.keys(CANCELLED)),
+  text: Object.freeze(Object.keys(TEXT)),
+  flushed: Object.freeze(Object.keys(FLUSHED)),
 });
 /** The fields of one word of a `marks` message. */
 export const WORD_MARK_FIELDS = Object.freeze(Object.keys(WORD_MARK));
 /** @type {readonly EndStatus[]} */
 export const END_STATUSES = Object.freeze(['ok', 'failed', 'cancelled']);
-/** The messages a client sends (encodeSay, encodePing, encodeResume, encodeCancel). */
-export const CLIENT_MESSAGE_TYPES = Object.freeze(['say', 'ping', 'resume', 'cancel']);
+/** The messages a client sends (encodeSay, encodePing, encodeResume, encodeCancel, encodeAppend, encodeFlush). */
+export const CLIENT_MESSAGE_TYPES = Object.freeze(['say', 'ping', 'resume', 'cancel', 'append', 'flush']);
 
 /**
  * The fields parseServerMessage insists on; servers of this protocol version always send them.
@@ -327,6 +378,8 @@ export const REQUIRED_FIELDS = Object.freeze({
   error: ['code'],
   pong: ['server_ms'],
   cancelled: ['utterances'],
+  text: ['utterance', 'offset', 'text'],
+  flushed: ['seq', 'part'],
 });
 
 /**

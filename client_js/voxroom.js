@@ -5,7 +5,8 @@ import { ClockSync } from './clock.js';
 import { OpusFrameDecoder } from './opus.js';
 import { Player } from './player.js';
 import {
-  CODEC_OPUS, CODEC_PCM16, ProtocolError, decodeAudioFrame, encodeCancel, encodePing, encodeSay, parseServerMessage,
+  CODEC_OPUS, CODEC_PCM16, ProtocolError, decodeAudioFrame, encodeAppend, encodeCancel, encodeFlush, encodePing,
+  encodeSay, parseServerMessage,
 } from './protocol.js';
 import { ReconnectPolicy } from './reconnect.js';
 import { ResumePosition } from './resume.js';
@@ -19,6 +20,9 @@ const FAST_PING_MS = 500;
 const MAX_PENDING_SAYS = 32;
 /** Cancels waiting for their answer; one is on the wire at a time (see cancel()). */
 const MAX_PENDING_CANCELS = 16;
+/** Open lines (openLine()) not yet ended; each keeps its parts until its end, to send them again
+ * after a reconnect (at most 4000 characters a line). */
+const MAX_OPEN_LINES = 8;
 const STATS_EVERY_MS = 250;
 /** Words in one `marks` message (a line is at most 500 code points); more is a bad message. */
 const MAX_MARKED_WORDS = 1024;
@@ -76,7 +80,9 @@ const SEQ_TICK_MS = 250;
  * @property {ConnectionState} state
  * @property {number} depth  slices buffered ahead of the playhead
  * @property {number} bufferedMs
- * @property {number} underruns
+ * @property {number} underruns  the buffer ran dry inside a line: audio late or lost
+ * @property {number} pauses  silences inside a line the server put on the room clock (an open line
+ *   waiting for its next words): not underruns
  * @property {number} lateDrops
  * @property {number} concealed
  * @property {number} played
@@ -140,6 +146,8 @@ export class VoxroomClient extends EventTarget {
   /** @type {Map<number, number>} */ #ours = new Map();
   /** @type {Map<number, import('./protocol.js').Start>} */ #starts = new Map();
   /** @type {{resolve: Function, reject: Function} | null} */ #firstWelcome = null;
+  /** open lines by their say seq, until their end */
+  /** @type {Map<number, OpenLine>} */ #lines = new Map();
   /** word events waiting for their audio to reach the speaker (at most the output latency) */
   /** @type {Set<ReturnType<typeof setTimeout>>} */ #wordTimers = new Set();
   #lastWordDueMs = -Infinity;
@@ -195,16 +203,62 @@ export class VoxroomClient extends EventTarget {
     if (this.#pending.size >= MAX_PENDING_SAYS) {
       return Promise.reject(Object.assign(new Error('too many lines waiting for the server'), { code: 'busy' }));
     }
-    // Strictly increasing across reloads too (the server dedupes per identity): use the clock, in
-    // quarter seconds since 2025 so that it fits the server's range (1 to 2^31-1) until 2042.
-    this.#seq = Math.max(this.#seq + 1, Math.floor((Date.now() - SEQ_EPOCH_MS) / SEQ_TICK_MS));
-    const seq = this.#seq;
+    const seq = this.#nextSeq();
     let frame;
     try {
       frame = encodeSay(seq, text, scene ? undefined : voice ?? this.options.voice, scene, lexicon, to);
     } catch (err) {
       return Promise.reject(Object.assign(/** @type {Error} */ (err), { code: 'bad_message' }));
     }
+    return this.#sendSay(seq, frame);
+  }
+
+  /**
+   * Open a line whose text comes in pieces, as a language model writes it: the room hears each
+   * clause as soon as it is whole, in one utterance (docs/protocol.md, "Lines streamed in").
+   * Returns at once; `line.accepted` resolves like say()'s promise. Then `line.append(text)` for
+   * each piece (words, tokens: joined as sent, so keep their spaces), `line.flush()` to have what
+   * it holds spoken now even mid-sentence (resolves once that audio is published), and
+   * `line.close(text?)` when the model is done. A line left without a piece for 10 s is closed by
+   * the server. After a reconnect the line's pieces are sent again; the server keeps each once.
+   * @param {{voice?: string, scene?: Record<string, string>, lexicon?: Record<string, string>,
+   *   to?: string[], text?: string}} [options]  as say()'s, and `text`: the line's first piece
+   * @returns {OpenLine}
+   */
+  openLine({ voice, scene, lexicon, to, text = '' } = {}) {
+    if (this.#lines.size >= MAX_OPEN_LINES || this.#pending.size >= MAX_PENDING_SAYS) {
+      throw Object.assign(new Error('too many lines open or waiting for the server'), { code: 'busy' });
+    }
+    const seq = this.#nextSeq();
+    let frame;
+    try {
+      frame = encodeSay(seq, text, scene ? undefined : voice ?? this.options.voice, scene, lexicon, to, true);
+    } catch (err) {
+      throw Object.assign(/** @type {Error} */ (err), { code: 'bad_message' });
+    }
+    const line = new OpenLine(seq, (f) => { if (this.state === 'open') this.#send(f); });
+    this.#lines.set(seq, line);
+    line.accepted = this.#sendSay(seq, frame).then((got) => {
+      if (got.utterance !== null) line.utterance = got.utterance;
+      return got;
+    }, (err) => {
+      this.#lines.delete(seq);
+      line.fail(err);
+      throw err;
+    });
+    line.accepted.catch(() => {}); // the caller's to handle; an unheld rejection is no crash here
+    return line;
+  }
+
+  #nextSeq() {
+    // Strictly increasing across reloads too (the server dedupes per identity): use the clock, in
+    // quarter seconds since 2025 so that it fits the server's range (1 to 2^31-1) until 2042.
+    this.#seq = Math.max(this.#seq + 1, Math.floor((Date.now() - SEQ_EPOCH_MS) / SEQ_TICK_MS));
+    return this.#seq;
+  }
+
+  /** @param {number} seq @param {string} frame @returns {Promise<{seq: number, utterance: number | null}>} */
+  #sendSay(seq, frame) {
     return new Promise((resolve, reject) => {
       this.#pending.set(seq, { frame, sentMs: performance.now(), resolve, reject });
       if (this.state === 'open') this.#send(frame);
@@ -293,6 +347,8 @@ export class VoxroomClient extends EventTarget {
     this.#pending.clear();
     for (const c of this.#cancels) c.reject(Object.assign(new Error('client closed'), { code: 'closed' }));
     this.#cancels = [];
+    for (const line of this.#lines.values()) line.fail(Object.assign(new Error('client closed'), { code: 'closed' }));
+    this.#lines.clear();
     this.#firstWelcome?.reject(Object.assign(new Error('client closed before the welcome'), { code: 'closed' }));
     this.#firstWelcome = null;
     this.opus?.close();
@@ -303,7 +359,7 @@ export class VoxroomClient extends EventTarget {
   get stats() {
     const s = this.player.report.stats;
     return { state: this.state, depth: s.depth ?? 0, bufferedMs: s.bufferedMs ?? 0, underruns: s.underruns ?? 0,
-      lateDrops: s.lateDrops ?? 0, concealed: s.concealed ?? 0, played: s.played ?? 0, restarts: s.restarts ?? 0,
+      pauses: s.pauses ?? 0, lateDrops: s.lateDrops ?? 0, concealed: s.concealed ?? 0, played: s.played ?? 0, restarts: s.restarts ?? 0,
       resyncs: this.player.report.resyncs, rttMs: this.clock.rttMs, driftPpm: this.clock.drift * 1e6, ttfaMs: this.ttfaMs,
       sampleRate: this.player.context?.sampleRate ?? 0, codec: this.codec,
       audio: /** @type {AudioContextState | 'none'} */ (this.player.context?.state ?? 'none') };
@@ -409,9 +465,26 @@ export class VoxroomClient extends EventTarget {
         if (this.#starts.size > 64) this.#starts.delete(/** @type {number} */ (this.#starts.keys().next().value));
         this.#emit('start', { ...msg, own: this.#ours.has(msg.utterance) });
         return;
+      case 'text': {
+        // A piece of an open line: captions and word events read the line's whole text.
+        const start = this.#starts.get(msg.utterance);
+        if (start && Array.from(start.text).length === msg.offset) start.text += msg.text;
+        this.#emit('text', { ...msg, line: start?.text, own: this.#ours.has(msg.utterance) });
+        return;
+      }
+      case 'flushed':
+        this.#lines.get(msg.seq)?.flushed(msg.part);
+        this.#emit('flushed', msg);
+        return;
       case 'end':
         if (this.position.holds('end', msg.utterance)) return; // an older gateway's resend
         this.position.end(msg.utterance);
+        for (const [seq, line] of this.#lines) {
+          if (line.utterance === msg.utterance) {
+            this.#lines.delete(seq);
+            line.ended(msg);
+          }
+        }
         this.player.markEnd(msg.utterance, msg.chunks, msg.status === 'cancelled');
         this.#emit('end', { ...msg, own: this.#ours.has(msg.utterance) });
         if (msg.status === 'cancelled') {
@@ -454,6 +527,8 @@ export class VoxroomClient extends EventTarget {
     this.#ping();
     // What we missed while away was asked for in the URL (see url): nothing to send for it here.
     for (const p of this.#pending.values()) this.#send(p.frame);
+    // Open lines' pieces again, after their say: the server keeps each part once (`duplicate`).
+    for (const line of this.#lines.values()) line.resend();
     // A cancel whose answer the drop lost goes again: `all` is idempotent; a line cut by the
     // first is answered `not_found` by the second.
     if (this.#cancels[0]) this.#cancels[0].sent = false;
@@ -466,6 +541,15 @@ export class VoxroomClient extends EventTarget {
   /** @param {import('./protocol.js').ErrorMessage} msg */
   #onError(msg) {
     const detail = { code: msg.code, message: msg.message, seq: msg.seq, retryAfterMs: msg.retry_after_ms };
+    const line = msg.seq !== undefined && !this.#pending.has(msg.seq) ? this.#lines.get(msg.seq) : undefined;
+    if (line) {
+      // A part sent again after a reconnect: stored already, as it should be.
+      if (msg.code === 'duplicate') return;
+      if (msg.code === 'not_found') { // closed by the server (idle) or gone with its end
+        this.#lines.delete(/** @type {number} */ (msg.seq));
+        line.fail(Object.assign(new Error(msg.message), detail));
+      }
+    }
     const p = msg.seq !== undefined ? this.#pending.get(msg.seq) : undefined;
     if (p && msg.seq !== undefined) {
       this.#pending.delete(msg.seq);
@@ -593,4 +677,92 @@ function randomId() {
   const bytes = new Uint8Array(6);
   crypto.getRandomValues(bytes);
   return Array.from(bytes, (b) => b.toString(16).padStart(2, '0')).join('');
+}
+
+/**
+ * A line whose text comes in pieces (VoxroomClient.openLine()). Parts are numbered here, in the
+ * order append() is called, and kept until the line ends, to be sent again after a reconnect.
+ */
+export class OpenLine {
+  /** @param {number} seq @param {(frame: string) => void} send */
+  constructor(seq, send) {
+    /** the line's say seq: what append, flush and cancel({seq}) name */
+    this.seq = seq;
+    /** @type {number | null} the room's number for it, once accepted */
+    this.utterance = null;
+    /** @type {Promise<{seq: number, utterance: number | null}>} resolves on `accepted` */
+    this.accepted = Promise.resolve({ seq, utterance: null });
+    /** no more pieces: close() was called, or the server closed it */
+    this.closed = false;
+    /** @type {string[]} every part's frame, in order */
+    this.parts = [];
+    this.#send = send;
+    /** @type {Promise<import('./protocol.js').End>} resolves with the line's `end` */
+    this.done = new Promise((resolve, reject) => { this.#done = { resolve, reject }; });
+    this.done.catch(() => {});
+  }
+
+  /** @type {(frame: string) => void} */ #send;
+  /** @type {{resolve: Function, reject: Function}[]} */ #flushes = [];
+  /** @type {{resolve: Function, reject: Function}} */ #done = { resolve: () => {}, reject: () => {} };
+
+  /**
+   * Add a piece of text (sent as it is: keep the spaces between words). Returns its part number.
+   * @param {string} text
+   */
+  append(text) {
+    if (this.closed) throw Object.assign(new Error('the line is closed'), { code: 'closed' });
+    const frame = encodeAppend(this.seq, this.parts.length + 1, text);
+    this.parts.push(frame);
+    this.#send(frame);
+    return this.parts.length;
+  }
+
+  /**
+   * Have what the line holds spoken now, even mid-sentence. Resolves with the part it covered
+   * once that audio is published (the server's `flushed`), or when the line ends.
+   * @returns {Promise<{part: number}>}
+   */
+  flush() {
+    if (this.closed) return Promise.resolve({ part: this.parts.length });
+    this.#send(encodeFlush(this.seq));
+    return new Promise((resolve, reject) => this.#flushes.push({ resolve, reject }));
+  }
+
+  /**
+   * The model is done: close the line, with a last piece of text if given. The room hears the
+   * rest, then the line's `end` (see `done`).
+   * @param {string} [text]
+   */
+  close(text = '') {
+    if (this.closed) return;
+    const frame = encodeAppend(this.seq, this.parts.length + 1, text, true);
+    this.parts.push(frame);
+    this.closed = true;
+    this.#send(frame);
+  }
+
+  /** Every part again (after a reconnect). */
+  resend() {
+    for (const frame of this.parts) this.#send(frame);
+  }
+
+  /** @param {number} part */
+  flushed(part) {
+    this.#flushes.shift()?.resolve({ part });
+  }
+
+  /** @param {import('./protocol.js').End} end */
+  ended(end) {
+    this.closed = true;
+    for (const f of this.#flushes.splice(0)) f.resolve({ part: this.parts.length });
+    this.#done.resolve(end);
+  }
+
+  /** @param {Error} err */
+  fail(err) {
+    this.closed = true;
+    for (const f of this.#flushes.splice(0)) f.reject(err);
+    this.#done.reject(err);
+  }
 }

@@ -11,7 +11,10 @@
     ├── NotReplicated          a line is in the primary, ``WAIT`` did not confirm its replicas;
     │                          also a redis-py ``TimeoutError`` (below)
     ├── OwnershipLost          Redis refused a worker's write for a job another worker owns now
-    │   └── TurnLost           ... or whose room's turn moved past it (a later line skipped it)
+    │   ├── TurnLost           ... or whose room's turn moved past it (a later line skipped it)
+    │   └── LineCancelled      ... or whose line was cancelled
+    ├── CancelRefused          a ``cancel`` that cancels nothing (``not_found``, ``forbidden``)
+    ├── LineRefused            an ``append`` or ``flush`` not taken (``duplicate``, ``not_found``...)
     └── ResponseCut            a streamed speech response cannot be finished whole: it must end
         ├── StreamGap          visibly broken (no terminating chunk); entries it needs are gone;
         └── TakesDiffer        a line restarted mid-way is not the audio already sent
@@ -116,6 +119,16 @@ class LineCancelled(OwnershipLost):
     cancelled (``cancel``): nothing of that write landed. The publisher ends the line at the cut
     (a fade-out slice and an ``end`` ``cancelled``), or passes its turn when nothing of it was
     written yet. Anything else that sees it treats it as :class:`OwnershipLost`."""
+
+
+class LineRefused(VoxroomError):
+    """An open line's ``append`` or ``flush`` that was not stored: ``code`` says why (``duplicate``:
+    that part is stored already; ``not_found``: no such open line, or it is closed; ``bad_message``:
+    a gap in the parts; ``text_too_long``: past the line's bounds)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class CancelRefused(VoxroomError):

@@ -116,7 +116,7 @@ def build_worker(settings: Settings, store: Store, *, catalog: Catalog | None = 
                        backlog=settings.context_backlog, fair=settings.context_fair)
     worker = Worker(store, pool, served, lead_ms=settings.lead_ms, order_wait_ms=settings.order_wait_ms,
                     claim_idle_ms=settings.claim_idle_ms, resume_window_ms=settings.resume_window_ms,
-                    room_idle_ttl_s=settings.room_idle_ttl_s,
+                    room_idle_ttl_s=settings.room_idle_ttl_s, open_line_idle_s=settings.open_line_idle_s,
                     opus_bitrate=settings.opus_bitrate, cache_slots=settings.cache_slots,
                     cache_entry_max_bytes=settings.cache_entry_max_bytes, cache_ttl_s=settings.cache_ttl_s,
                     cache_lru_entries=settings.cache_lru_entries,

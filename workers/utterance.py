@@ -61,6 +61,7 @@ class SliceBuffer:
         self._wake_pending = False
         self.produced = 0
         self._marks: deque[WordMark] = deque()
+        self._noticed = False
 
     def add_marks(self, marks: Iterable[WordMark]) -> None:
         """Word marks of this utterance (times from its first sample), from the synthesis thread.
@@ -112,6 +113,24 @@ class SliceBuffer:
             await self._ready.wait()
         return self._items.popleft() if self._items else None
 
+    def notice(self) -> None:
+        """Wake :meth:`get_or_notice` without a slice (an open line has something to tell the room:
+        a piece of text, a flush answered). From the loop or the synthesis thread."""
+        self._noticed = True
+        self._wake()
+
+    async def get_or_notice(self) -> npt.NDArray[np.int16] | Literal["notice"] | None:
+        """As :meth:`get`, or ``"notice"`` when :meth:`notice` was called while nothing waits."""
+        while not self._items and not self._closed and not self._noticed:
+            self._ready.clear()
+            await self._ready.wait()
+        if self._items:
+            return self._items.popleft()
+        if self._noticed and not self._closed:
+            self._noticed = False
+            return "notice"
+        return None
+
     def has_next(self) -> bool:
         """A slice is already waiting (so publishing it now costs no wait)."""
         return bool(self._items)
@@ -152,6 +171,11 @@ class Utterance:
     """Who fills ``slices``, decided once by :meth:`claim`."""
     adopted: bool = False
     """Claimed from a dead worker and held past the context's bounds (workers/pool/context.py)."""
+    texts: deque[tuple[int, str]] = field(default_factory=deque)
+    """An open line's pieces to echo to the room (``text`` messages: offset, text), in order;
+    filled by its feed (workers/intake/open_lines.py), drained by the publisher."""
+    flush_acks: deque[tuple[int, int]] = field(default_factory=deque)
+    """An open line's flushes to answer: (slices that must be published first, the part)."""
     lost: bool = False
     """Another worker owns the job now (Redis said so): drop it, write nothing more for it."""
     _claim_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)

@@ -39,7 +39,7 @@ async def store_line(msg: protocol.Say, conn: ClientConnection, state: GatewaySt
                             f"voice {voice.id!r} needs engine {voice.engine!r}, which no worker runs", seq=msg.seq)
     try:
         outcome = await state.ingress.say(conn.room, conn.client_id, msg.seq, msg.text, voice.id,
-                                           lexicon=msg.lexicon, to=msg.to or ())
+                                           lexicon=msg.lexicon, to=msg.to or (), open_line=msg.open)
     except NotReplicated as exc:
         # The line is in the primary (it will be spoken) but WAIT did not confirm the replicas:
         # not "accepted", as a failover now could lose it. Before REDIS_DOWN, which it is also
@@ -61,6 +61,10 @@ async def store_line(msg: protocol.Say, conn: ClientConnection, state: GatewaySt
     elif outcome.status == "duplicate":
         raise ProtocolError(ErrorCode.DUPLICATE,
                             f"seq {msg.seq} already stored (last {outcome.utterance}); ignored", seq=msg.seq)
+    elif outcome.status == "too_old":
+        raise ProtocolError(ErrorCode.SEQ_TOO_OLD,
+                            f"seq {msg.seq} is too far below your last stored line ({outcome.utterance}) to tell "
+                            "whether it was stored; not stored now: send it again with a new seq", seq=msg.seq)
     else:
         backlog = outcome.utterance
         raise ProtocolError(ErrorCode.BUSY, f"room has {backlog} utterances waiting; retry later",

@@ -20,6 +20,7 @@ from app.fanout.hub import ResumeRefused
 from app.fanout.resume import ResumePoint, parse
 from app.fanout.transport import limit_send_buffer
 from app.ingress.cancel import cancel_lines
+from app.ingress.lines import append_piece, flush_line
 from app.ingress.say import store_line
 from app.room.admission import Refused, admit, claim_identity, record_flood, release_identity
 from app.room.identity import claim_secret
@@ -220,6 +221,14 @@ async def _handle(msg: protocol.ClientMessage, conn: ClientConnection, state: Ga
         return
     if not grant.can_speak:
         raise ProtocolError(ErrorCode.FORBIDDEN, "a listener token cannot speak", seq=msg.seq)
+    # An open line's pieces count against the frames budget only (taken above): an LLM writes a
+    # few words a second into one line, which the says' budget (lines a second) would refuse.
+    if isinstance(msg, protocol.Append):
+        await append_piece(msg, conn, state)
+        return
+    if isinstance(msg, protocol.Flush):
+        await flush_line(msg, conn, state)
+        return
     wait_s = limits.says.take(time.monotonic())
     if wait_s:
         raise ProtocolError(ErrorCode.RATE_LIMITED, "too many lines; slow down", seq=msg.seq,

@@ -53,8 +53,44 @@ $('join-form').addEventListener('submit', async (/** @type {Event} */ e) => {
   }
 });
 
+/**
+ * "Speak as I type": the line typed so far goes out word by word as an open line
+ * (VoxroomClient.openLine), each word once the space or mark after it is typed; Enter closes it.
+ * @type {{line: import('../voxroom.js').OpenLine, sent: number} | null}
+ */
+let live = null;
+
+$('text').addEventListener('input', () => {
+  if (!$('live').checked || !client) return;
+  const value = $('text').value;
+  const sent = live?.sent ?? 0;
+  // Up to the last whitespace or mark typed: a word still being typed waits for its end.
+  const cut = Math.max(value.search(/[\s,.;:!?，。！？；：、][^\s,.;:!?，。！？；：、]*$/u) + 1, 0);
+  if (cut <= sent) return;
+  const piece = value.slice(sent, cut);
+  showError('');
+  if (live) {
+    live.line.append(piece);
+    live.sent = cut;
+    return;
+  }
+  try {
+    const line = client.openLine({ voice: $('voice').value || undefined, text: piece });
+    line.accepted.catch((err) => showError(`${err.code ?? 'error'}: ${err.message}`));
+    live = { line, sent: cut };
+  } catch (err) {
+    showError(`${/** @type {any} */ (err).code ?? 'error'}: ${/** @type {Error} */ (err).message}`);
+  }
+});
+
 $('say-form').addEventListener('submit', async (/** @type {Event} */ e) => {
   e.preventDefault();
+  if (live) { // the rest of the line, and its end
+    live.line.close($('text').value.slice(live.sent));
+    live = null;
+    $('text').value = '';
+    return;
+  }
   const text = $('text').value.trim();
   if (!text || !client) return;
   $('text').value = '';
@@ -85,7 +121,7 @@ function wire(c) {
     $('state').textContent = STATE_TEXT[/** @type {keyof typeof STATE_TEXT} */ (state)] +
       (retryInMs ? ` (in ${(retryInMs / 1000).toFixed(1)} s)` : '');
     const open = state === 'open';
-    for (const id of ['text', 'send', 'voice', 'stop']) $(id).disabled = !open && state !== 'reconnecting';
+    for (const id of ['text', 'send', 'voice', 'stop', 'live']) $(id).disabled = !open && state !== 'reconnecting';
     if (open) $('text').focus();
   });
   c.addEventListener('start', (/** @type {any} */ e) => addRow(e.detail));
@@ -102,6 +138,10 @@ function wire(c) {
     setSpeaking(false);
   });
   c.addEventListener('word', (/** @type {any} */ e) => showWord(c, e.detail));
+  c.addEventListener('text', (/** @type {any} */ e) => { // an open line grew: its row shows all of it
+    const row = rows.get(e.detail.utterance)?.querySelector('.text');
+    if (row && e.detail.line !== undefined) row.textContent = readable(Array.from(e.detail.line));
+  });
   c.addEventListener('end', (/** @type {any} */ e) => {
     const d = e.detail;
     if (d.status !== 'ok') setMeta(d.utterance, d.status);

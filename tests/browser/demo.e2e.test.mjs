@@ -45,7 +45,7 @@ async function join(room, rate, codec = 'pcm16') {
   await page.evaluate(() => {
     const w = /** @type {any} */ (window);
     w.events = [];
-    for (const type of ['start', 'end', 'playing', 'finished', 'error', 'cancelled']) {
+    for (const type of ['start', 'end', 'playing', 'finished', 'error', 'cancelled', 'text']) {
       w.voxroomDemo.client.addEventListener(type, (/** @type {any} */ e) => w.events.push({ type, ...e.detail }));
     }
   });
@@ -223,5 +223,38 @@ test('demo page: Stop cuts the playing line on every page at the same slice; the
   }
   assert.deepEqual([...a.problems, ...b.problems], []);
   console.log(`# stop: cut after ${ends[0].chunks} slices (${ends[0].duration_ms} ms) on both pages`);
+  await Promise.all([a, b].map((p) => p.page.close()));
+});
+
+test('demo page: "Speak as I type" sends each word as it is typed; another page hears one line of every word', { skip, timeout: 180_000 }, async () => {
+  const room = `e2e-live-${Date.now().toString(36)}`;
+  const a = await join(room, 48000);
+  const b = await join(room, 44100);
+  await a.page.check('#live');
+  const typed = 'The wolves wake, and the seer dreams of the mill.';
+  await a.page.type('#text', typed, { delay: 60 }); // about 16 characters a second
+  // Spoken before Enter: the first clause is whole as soon as its comma and the space after it are typed.
+  const first = await b.page.waitForFunction(() => {
+    const p = /** @type {any} */ (window).events.find((e) => e.type === 'playing');
+    return p ? p.utterance : null;
+  }, null, { timeout: 30_000 }).then((h) => h.jsonValue());
+  await a.page.press('#text', 'Enter');
+  const rb = await waitFinished(b.page, first);
+  const report = JSON.stringify(rb.events);
+  const end = rb.events.find((e) => e.type === 'end');
+  assert.equal(end?.status, 'ok', report);
+  const start = rb.events.find((e) => e.type === 'start');
+  const pieces = rb.events.filter((e) => e.type === 'text');
+  assert.ok(pieces.length >= 3, `the words came as pieces: ${report}`);
+  assert.equal(pieces[pieces.length - 1].line, typed, report);
+  assert.equal(start.text + pieces.map((p) => p.text).join(''), typed, report);
+  const starts = rb.events.filter((e) => e.type === 'start');
+  assert.equal(starts.length, 1, `one utterance: ${report}`);
+  const heard = rb.envelope.filter(([t]) => t > start.pts_ms && t < start.pts_ms + end.duration_ms).map(([, p]) => p);
+  assert.ok(Math.max(...heard) > 0.1, `the line was heard\n${report}`);
+  // Typing slower than speech leaves pauses on the room clock: the client counts them as pauses.
+  assert.equal(rb.stats.underruns, 0, JSON.stringify(rb.stats));
+  assert.deepEqual([...a.problems, ...b.problems], []);
+  console.log(`# speak as I type: ${pieces.length + 1} pieces, ${end.chunks} slices, ${rb.stats.pauses} pauses`);
   await Promise.all([a, b].map((p) => p.page.close()));
 });

@@ -117,7 +117,8 @@ async def accept_only(handoff: ClusterIngress, room: str, seq: int) -> tuple[Roo
     """Step 1 alone: the line is accepted in its room, and the gateway "dies" before handing it."""
     now_ms = int(time.time() * 1000)
     outcome, mark, line = await handoff.accept(room, [
-        "alice", seq, f"{room} line {seq}", "narrator", now_ms, 1000, 100_000, room, 16, 3600, 0, 64, 1, "", ""])
+        "alice", seq, f"{room} line {seq}", "narrator", now_ms, 1000, 100_000, room, 16, 3600, 0, 64, 1, "", "", "",
+        len(f"{room} line {seq}")])
     assert outcome.status == "accepted" and outcome.utterance == seq
     assert mark is not None and line is not None
     return mark, line

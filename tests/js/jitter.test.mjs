@@ -104,6 +104,31 @@ test('after an underrun playback resumes exactly on schedule (no accumulated del
   assert.equal(s.lateDrops, 0);
 });
 
+test('a pause the server put on the room clock (the next slice whole and on time) is no underrun', () => {
+  // An open line waiting for words: chunks 0-2, then chunk 3 published 500 ms later than it would
+  // have played, with its pts moved later to match. Nothing was lost or late.
+  const jb = new JitterBuffer();
+  for (let c = 0; c < 3; c++) jb.push(slice(1, c));
+  render(jb, T0, T0 + 300_000); // dry from T0 + 120 ms
+  assert.equal(jb.stats().underruns, 1, 'while it lasts it looks like one');
+  const later = T0 + 620_000;
+  for (let c = 3; c < 6; c++) jb.push(slice(1, c, { pts: later + (c - 3) * SLICE_US, last: c === 5 }));
+  const r = render(jb, T0 + 300_000, T0 + 900_000);
+  assert.ok(Math.abs(firstSoundUs(r) - later) <= r.step, 'chunk 3 plays at its own (moved) pts');
+  const s = jb.stats();
+  assert.deepEqual([s.underruns, s.pauses, s.concealed, s.lateDrops], [0, 1, 0, 0]);
+});
+
+test('a dry spell that ends with a later chunk than the next one is still an underrun', () => {
+  const jb = new JitterBuffer();
+  for (let c = 0; c < 3; c++) jb.push(slice(1, c));
+  render(jb, T0, T0 + 300_000);
+  for (let c = 9; c < 11; c++) jb.push(slice(1, c, { last: c === 10 }));
+  render(jb, T0 + 300_000, T0 + 500_000);
+  const s = jb.stats();
+  assert.deepEqual([s.underruns, s.pauses], [1, 0]);
+});
+
 test('two utterances back to back play seamlessly, in utterance order', () => {
   const jb = new JitterBuffer();
   const t2 = T0 + 5 * SLICE_US;

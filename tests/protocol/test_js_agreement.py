@@ -15,7 +15,7 @@ import pytest
 
 from app.fanout.entries import control_message
 from voxroom.wire import protocol
-from voxroom.wire.output_entries import EntryFields, entry_fields
+from voxroom.wire.output_entries import EntryFields, entry_fields, flushed_fields
 from voxroom.wire.protocol import ERROR_CODES, ErrorCode, end_message, marks_message, start_message
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,7 +34,9 @@ process.stdout.write(JSON.stringify({
   parsed,
   client: [p.encodeSay(5, 'Night falls, 村民.', 'en-joe'), p.encodeSay(6, 'Hi', undefined, { emotion: 'calm' }),
            p.encodePing(12.5), p.encodeResume(4, 17), p.encodeCancel({ utterance: 41 }),
-           p.encodeCancel({ seq: 6 }), p.encodeCancel({ all: true })],
+           p.encodeCancel({ seq: 6 }), p.encodeCancel({ all: true }),
+           p.encodeSay(7, 'The wolves', 'en-joe', undefined, undefined, ['seer'], true),
+           p.encodeAppend(7, 1, ' wake, and', false), p.encodeFlush(7), p.encodeAppend(7, 2, '', true)],
 }));
 """
 
@@ -45,7 +47,7 @@ def as_redis_returns(fields: EntryFields) -> dict[bytes, bytes]:
     return {b(k): b(v) for k, v in fields.items()}
 
 
-def via_gateway(msg: protocol.Start | protocol.Marks | protocol.End) -> str:
+def via_gateway(msg: protocol.Start | protocol.Marks | protocol.End | protocol.Text) -> str:
     """The frame a client gets for a control message a worker built: stream entry, then the gateway."""
     text = control_message(as_redis_returns(entry_fields(msg, room_end_ms=1.0 if msg["type"] == "end" else None)))
     assert text is not None
@@ -73,6 +75,8 @@ def server_frames() -> list[str]:
         protocol.encode_server_message({"type": "pong", "t": 12.5, "server_ms": 1764546000001.0}),
         protocol.encode_server_message(protocol.cancelled_message([43, 41])),
         via_gateway(end_message(41, chunks=12, duration_ms=480.0, cancelled=True)),
+        via_gateway({"type": "text", "utterance": 44, "offset": 10, "text": " wake, 村民"}),
+        control_message(as_redis_returns(flushed_fields(44, {"type": "flushed", "seq": 7, "part": 3}, "c-ana"))) or "",
     ]
 
 
@@ -123,6 +127,8 @@ def test_every_server_message_parses_in_js_to_the_same_fields(js: dict[str, Any]
     assert js["parsed"][8]["ok"] == {"type": "cancelled", "utterances": [41, 43]}
     cut = js["parsed"][9]["ok"]
     assert (cut["status"], cut["chunks"], "code" in cut) == ("cancelled", 12, False)
+    assert js["parsed"][10]["ok"] == {"type": "text", "utterance": 44, "offset": 10, "text": " wake, 村民"}
+    assert js["parsed"][11]["ok"] == {"type": "flushed", "seq": 7, "part": 3}
 
 
 def test_every_client_message_js_writes_parses_in_python(js: dict[str, Any]) -> None:
@@ -130,7 +136,10 @@ def test_every_client_message_js_writes_parses_in_python(js: dict[str, Any]) -> 
     assert messages == [protocol.Say(seq=5, text="Night falls, 村民.", voice="en-joe"),
                         protocol.Say(seq=6, text="Hi", scene={"emotion": "calm"}),
                         protocol.Ping(t=12.5), protocol.Resume(seq=4, chunk=17), protocol.Cancel(utterance=41),
-                        protocol.Cancel(seq=6), protocol.Cancel(all=True)]
+                        protocol.Cancel(seq=6), protocol.Cancel(all=True),
+                        protocol.Say(seq=7, text="The wolves", voice="en-joe", to=("seer",), open=True),
+                        protocol.Append(seq=7, part=1, text=" wake, and"), protocol.Flush(seq=7),
+                        protocol.Append(seq=7, part=2, text="", final=True)]
     assert {m.type for m in messages} == set(protocol.CLIENT_MESSAGES)
     # The same objects msgpack-encoded in binary frames, as a client may send them.
     assert [protocol.parse_client_message(protocol.decode_client_frame(msgpack.packb(json.loads(t))))

@@ -42,23 +42,24 @@ def dbs(server: RedisServer) -> Iterator[tuple[redis.Redis, redis.Redis]]:
 
 
 def _argv(room: str, seq: int, text: str, voice: str, now_ms: int, *, lexicon: str = "", pending: int = 16,
-          switch_lines: int = 3, to: str = "") -> list[Any]:
+          switch_lines: int = 3, to: str = "", opened: bool = False) -> list[Any]:
     """``say.SINGLE``'s ARGV, as voxroom/store/single/ingress.py builds it."""
     return ["alice", seq, text, voice, now_ms, 1000, 100_000, room, pending, 3600, now_ms - 3_600_000, 64,
-            switch_lines, lexicon, to]
+            switch_lines, lexicon, to, "1" if opened else "", len(text)]
 
 
 def _say_single(r: redis.Redis, room: str, argv: list[Any]) -> Any:
-    return r.eval(say.SINGLE, 7, keys.room_senders(room), keys.room_seq(room), keys.room_utterances(room),
-                  keys.JOBS, keys.room_state(room), keys.ROOMS, keys.room_output(room), *argv)
+    return r.eval(say.SINGLE, 8, keys.room_senders(room), keys.room_seq(room), keys.room_utterances(room),
+                  keys.JOBS, keys.room_state(room), keys.ROOMS, keys.room_output(room),
+                  keys.open_line(room, argv[0], argv[1]), *argv)
 
 
 def _say_cluster(r: redis.Redis, room: str, argv: list[Any]) -> Any:
     """As voxroom/store/cluster/ingress.py's accept: ARGV 7 the epoch, 11 the shard, 12 unused."""
     argv = list(argv)
     argv[6], argv[10], argv[11] = EPOCH, SHARD, ""
-    return r.eval(say.CLUSTER, 5, keys.room_senders(room), keys.room_seq(room), keys.room_utterances(room),
-                  keys.room_output(room), keys.room_state(room), *argv)
+    return r.eval(say.CLUSTER, 6, keys.room_senders(room), keys.room_seq(room), keys.room_utterances(room),
+                  keys.room_output(room), keys.room_state(room), keys.open_line(room, argv[0], argv[1]), *argv)
 
 
 def _entries(r: redis.Redis, key: str) -> list[dict[str, str]]:
@@ -219,20 +220,21 @@ def test_a_line_never_stored_is_stored_when_resent_after_a_later_one_in_both_mod
         dbs: tuple[redis.Redis, redis.Redis]) -> None:
     """``duplicate`` means stored: seq 2 was refused (it never reached Redis) while 3 was stored;
     resent, 2 is stored (after 3: the room's one order) and only then a duplicate; 1 and 3, stored,
-    are duplicates; a seq skipped more than ``GAPS_KEPT`` below the last counts as stored."""
+    are duplicates; a seq more than ``GAPS_KEPT`` below the last is neither: nobody can tell whether
+    it was stored, so it is refused (``seq_too_old``, -2), never answered ``duplicate``."""
     single, cluster = dbs
     room = "resent"
-    sequence = [(1, 1), (3, 1), (2, 1), (2, 0), (1, 0), (3, 0), (100, 1), (50, 0), (90, 1), (90, 0)]
+    sequence = [(1, 1), (3, 1), (2, 1), (2, 0), (1, 0), (3, 0), (100, 1), (50, -2), (90, 1), (90, 0), (68, -2), (69, 1)]
     for r, say_it in ((single, _say_single), (cluster, _say_cluster)):
         got = [say_it(r, room, _argv(room, seq, f"Line {seq}.", "a", 5000 + i))[0]
                for i, (seq, _) in enumerate(sequence)]
         assert got == [status for _, status in sequence], r
     # The room heard each stored seq once, in the order stored.
-    assert [int(e["client_seq"]) for e in _entries(single, keys.room_utterances(room))] == [1, 3, 2, 100, 90]
-    assert [int(e["client_seq"]) for e in _entries(cluster, keys.room_utterances(room))] == [1, 3, 2, 100, 90]
+    assert [int(e["client_seq"]) for e in _entries(single, keys.room_utterances(room))] == [1, 3, 2, 100, 90, 69]
+    assert [int(e["client_seq"]) for e in _entries(cluster, keys.room_utterances(room))] == [1, 3, 2, 100, 90, 69]
     assert single.hgetall(keys.room_senders(room)) == cluster.hgetall(keys.room_senders(room))
     gaps = single.hget(keys.room_senders(room), "alice|gaps")
-    assert gaps is not None and sorted(map(int, gaps.split())) == [n for n in range(69, 100) if n != 90]
+    assert gaps is not None and sorted(map(int, gaps.split())) == [n for n in range(70, 100) if n != 90]
 
 
 def _two_lines(r: redis.Redis, room: str) -> None:

@@ -129,6 +129,9 @@ class Settings:
     twice as long, so the line right behind a lost one skips first)."""
     lead_ms: int = 120
     """Audio is published this far ahead of its presentation time (the client's buffer)."""
+    open_line_idle_s: float = 10.0
+    """An open line (``say`` with ``open``) with no ``append`` for this long is closed as if its
+    sender had sent ``final``: what it holds is spoken and the room's next line follows."""
     chattts_dir: str | None = None
     """A directory of ChatTTS weights (the published layout, or one built by
     ``python -m workers.engines.chattts.random_checkpoint``)."""

@@ -101,6 +101,7 @@ RULES: Mapping[str, Rule] = {
     "order_wait_ms": at_least(1),
     # Below one slice the publisher finds every slice late and moves the rest later, forever.
     "lead_ms": at_least(40),
+    "open_line_idle_s": finite_above(0),
     "chattts_source": one_of("huggingface", "local", "custom"),
     "chattts_empty_cache_every": at_least(0),
     "chattts_max_batch": at_least(1),

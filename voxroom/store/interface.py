@@ -65,9 +65,10 @@ class Commands(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class SayOutcome:
-    status: Literal["accepted", "duplicate", "busy"]
+    status: Literal["accepted", "duplicate", "busy", "too_old"]
     utterance: int
-    """The room seq given (accepted), the last client seq seen (duplicate), or the backlog (busy)."""
+    """The room seq given (accepted), the last client seq seen (duplicate, too_old: a seq more than
+    ``say.GAPS_KEPT`` below it, which nobody can tell stored or not), or the backlog (busy)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,8 +100,10 @@ class Ingress(Protocol):
     is in the primary but its replicas did not confirm it."""
 
     async def say(self, room: str, sender: str, client_seq: int, text: str, voice: str, *,
-                  lexicon: Mapping[str, str] | None = None, to: Sequence[str] = ()) -> SayOutcome:
-        """Store a line (``to``: a private line's audience, client ids; empty: the whole room)."""
+                  lexicon: Mapping[str, str] | None = None, to: Sequence[str] = (),
+                  open_line: bool = False) -> SayOutcome:
+        """Store a line (``to``: a private line's audience, client ids; empty: the whole room;
+        ``open_line``: more text follows in :meth:`append` parts)."""
         ...
 
     async def cancel(self, room: str, request: CancelRequest) -> list[int]:
@@ -108,6 +111,18 @@ class Ingress(Protocol):
         cancelled ones again: a cancel is idempotent). Written to Redis before it returns, so a
         worker that claims the line later sees it cancelled. Raises
         :class:`voxroom.errors.CancelRefused` (``not_found``, ``forbidden``), or one of ``REDIS_DOWN``."""
+        ...
+
+    async def append(self, room: str, sender: str, client_seq: int, part: int, text: str, *,
+                     final: bool) -> int:
+        """Store part ``part`` of ``sender``'s open line ``client_seq`` (voxroom/store/lines.py);
+        its offset in the line's text. Raises :class:`voxroom.errors.LineRefused`, or one of
+        ``REDIS_DOWN``."""
+        ...
+
+    async def flush(self, room: str, sender: str, client_seq: int) -> int:
+        """Ask for the open line to be spoken through what it holds; the last part it holds.
+        Raises :class:`voxroom.errors.LineRefused`, or one of ``REDIS_DOWN``."""
         ...
 
     async def aclose(self) -> None: ...
@@ -308,6 +323,20 @@ class JobBus(Protocol):
     async def published_slices(self, room: str, seq: int) -> int: ...
 
     async def wait_output(self, room: str, after_id: str, block_ms: int) -> str: ...
+
+    async def read_pieces(self, job: Job, after_id: str, count: int) -> list[tuple[str, dict[str, str]]]:
+        """An open line's pieces after ``after_id`` (``0-0``: from its first), at most ``count``:
+        ``(entry id, fields)`` (voxroom/store/lua/lines.py says what the fields are)."""
+        ...
+
+    async def close_idle_line(self, job: Job, last_id: str) -> bool:
+        """Close ``job``'s open line as if its sender had sent ``final``, unless a piece came after
+        ``last_id``; whether it closed it."""
+        ...
+
+    async def drop_line(self, job: Job) -> None:
+        """Delete ``job``'s open line's pieces (the line ended)."""
+        ...
 
     async def publish(self, job: Job, entries: list[dict[Any, Any]], *, started: int | None = None,
                       final: bool = False) -> None: ...

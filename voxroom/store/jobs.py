@@ -168,6 +168,23 @@ class FencedJobBus:
         the worker's one turn watcher (no connection of its own)."""
         return await self._watcher.wait(room, after_id, max(1, block_ms) / 1000.0)
 
+    # -- an open line's pieces -----------------------------------------------------------------------
+
+    async def read_pieces(self, job: Job, after_id: str, count: int) -> list[tuple[str, dict[str, str]]]:
+        key = keys.open_line(job.room, job.sender, job.open_seq)
+        entries: Any = await self.raw.call("XRANGE", key, "(" + after_id, "+", "COUNT", count)
+        return [(entry_id_str(entry_id), {_text(k): _text(v) for k, v in zip(flat[::2], flat[1::2], strict=True)})
+                for entry_id, flat in entries or ()]
+
+    async def close_idle_line(self, job: Job, last_id: str) -> bool:
+        closed: Any = await self.auto.call("EVAL", self.scripts.close_idle, 2,
+                                           keys.open_line(job.room, job.sender, job.open_seq),
+                                           keys.room_output(job.room), last_id, self.room_idle_ttl_s)
+        return bool(int(closed))
+
+    async def drop_line(self, job: Job) -> None:
+        await self.auto.call("DEL", keys.open_line(job.room, job.sender, job.open_seq))
+
     # -- output ------------------------------------------------------------------------------------
 
     async def publish(self, job: Job, entries: list[dict[Any, Any]], *, started: int | None = None,
@@ -349,5 +366,12 @@ class FencedJobBus:
 
 def _addressed(fields: dict[Any, Any], job: Job) -> dict[Any, Any]:
     """An output entry of a private line, with its audience (``to``: the ``say``'s ids and the
-    sender's), which gateways deliver it to only (voxroom/wire/output_entries.py ``audience``)."""
+    sender's), which gateways deliver it to only (voxroom/wire/output_entries.py ``audience``). An
+    entry addressed already (a ``flushed`` answer, for the sender alone) keeps its own."""
+    if AUDIENCE_FIELD in fields:
+        return fields
     return {**fields, AUDIENCE_FIELD: " ".join(sorted({*job.to, job.sender}))}
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

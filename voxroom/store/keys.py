@@ -31,6 +31,8 @@ key                                    type      what
                                                  listens: workers add Opus copies only then
 ``vx:room:{room}:client:{id}``        string    claim on a self-chosen client id (owner), 15 s TTL
                                                  refreshed by the gateway holding it
+``vx:room:{room}:line:{sender}:{seq}`` stream    an open line's pieces (``append``), one entry
+                                                 each; room TTL, deleted when the line ends
 ``vx:rooms``                           zset      room -> last activity (ms); for ``voxroom rooms``;
                                                  entries past the idle TTL are removed by ``say``
 ``vx:worker:{id}``                     hash      worker heartbeat: engines, contexts, load (TTL)
@@ -128,6 +130,14 @@ def room_opus_demand(room: str) -> str:
 
 def room_senders(room: str) -> str:
     return f"{PREFIX}:room:{{{room}}}:senders"
+
+
+def open_line(room: str, sender: str, client_seq: int) -> str:
+    """An open line's pieces (``say`` with ``open``, then ``append``/``flush``): a stream, one
+    entry per piece (``part``, ``text``, ``offset``, ``end``; ``final`` on the one that closes the
+    line; ``flush`` on a flush). Named by its sender and ``say`` seq, which every ``append``
+    carries; room TTL, deleted by the worker when the line ends."""
+    return f"{PREFIX}:room:{{{room}}}:line:{sender}:{client_seq}"
 
 
 def worker_heartbeat(worker_id: str) -> str:

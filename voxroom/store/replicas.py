@@ -49,7 +49,7 @@ async def wait_replicas(pipe: AutoPipeline, room: str, outcome: SayOutcome, *, r
     same group and so on the same connection: a write there, so the ``WAIT`` behind it covers
     everything the primary had by then, that line included. It costs a replica round trip per
     line (the next ``EXPIRE`` moves the offset past what the ``WAIT`` before it waited for)."""
-    if replicas <= 0 or outcome.status == "busy":
+    if replicas <= 0 or outcome.status in ("busy", "too_old"):
         return
     try:
         if outcome.status == "duplicate" or not pipe.one_connection:

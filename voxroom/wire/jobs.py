@@ -28,6 +28,9 @@ class Job:
     lexicon: dict[str, str] = field(default_factory=dict)
     """The line's own respellings (``say``'s ``lexicon``, voxroom/voices/line_lexicon.py), applied over
     the deployment's lexicon for this line only; empty: none."""
+    open_seq: int = 0
+    """An open line (``say`` with ``open``): its sender's ``say`` seq, which names the stream its
+    pieces arrive in (``keys.open_line``). 0: a whole line, ``text`` is all of it."""
     to: tuple[str, ...] = ()
     """A private line's audience (``say``'s ``to``) with its sender: every output entry of the line
     names them, and gateways send it to them only. Empty: the whole room."""
@@ -57,4 +60,5 @@ class Job:
         return cls(entry_id=entry_id, room=fields["room"], seq=int(fields["seq"]), text=fields["text"],
                    voice=voice, prev_voice=prev, sender=fields.get("sender", ""),
                    time_ms=float(fields.get("time", 0)), switch_from=switch_from, switch_line=line,
-                   switch_lines=lines, lexicon=lexicon, to=tuple(fields["to"].split()) if "to" in fields else ())
+                   switch_lines=lines, lexicon=lexicon, to=tuple(fields["to"].split()) if "to" in fields else (),
+                   open_seq=int(fields.get("open", 0)))

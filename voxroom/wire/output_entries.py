@@ -14,6 +14,11 @@ renamed where noted::
     end    seq, chunks, duration_ms, status, code and error (only when failed), pts_ms (where the
            room's audio now ends: for ``voxroom rooms``; clients do not get it)
     chunk  seq, chunk, frame (the binary audio frame), opus (the same slice Opus-encoded; optional)
+    text   seq, offset, text (a piece of an open line, as it is spoken)
+    flushed  seq, line (the sender's ``say`` seq), part; ``to`` the sender (its answer to a flush)
+
+Entries that name no line (no ``seq``) tell the workers something and reach no client: ``cancel``
+(the lines a cancel named) and ``piece`` (an open line got a part).
 
 Every entry of a private line (``say`` with ``to``) also has ``to``: its audience, the client ids
 that may get it (its sender's among them) separated by spaces. Gateways send such an entry to those
@@ -32,11 +37,12 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 
-from voxroom.wire.protocol import END_STATUSES, ROOM_RATE, End, ErrorCode, Marks, Start
+from voxroom.wire.protocol import END_STATUSES, ROOM_RATE, End, ErrorCode, Flushed, Marks, Start, Text
 
+AUDIENCE_FIELD = "to"
 EntryFields = dict[str, str | int | bytes]
 """An entry as written (redis-py ``XADD`` fields, or the publish script's field pairs)."""
-ControlMessage = Start | Marks | End
+ControlMessage = Start | Marks | End | Text | Flushed
 
 
 def entry_fields(msg: ControlMessage, *, room_end_ms: float | None = None) -> EntryFields:
@@ -53,6 +59,10 @@ def entry_fields(msg: ControlMessage, *, room_end_ms: float | None = None) -> En
     if msg["type"] == "marks":
         return {"kind": "marks", "seq": msg["utterance"],
                 "words": json.dumps(msg["words"], ensure_ascii=False, separators=(",", ":"))}
+    if msg["type"] == "text":
+        return {"kind": "text", "seq": msg["utterance"], "offset": msg["offset"], "text": msg["text"]}
+    if msg["type"] == "flushed":
+        raise ValueError("a flushed entry names its utterance too: flushed_fields()")
     fields = {"kind": "end", "seq": msg["utterance"], "chunks": msg["chunks"],
               "duration_ms": f"{msg['duration_ms']:.1f}", "status": msg["status"]}
     if "code" in msg:
@@ -62,6 +72,12 @@ def entry_fields(msg: ControlMessage, *, room_end_ms: float | None = None) -> En
     if room_end_ms is not None:
         fields["pts_ms"] = f"{room_end_ms:.3f}"
     return fields
+
+
+def flushed_fields(utterance: int, msg: Flushed, sender: str) -> EntryFields:
+    """The entry of a ``flushed`` answer: in the line's utterance (``seq``, so a resume scan reads
+    it in its place), for the sender only (``to``)."""
+    return {"kind": "flushed", "seq": utterance, "line": msg["seq"], "part": msg["part"], AUDIENCE_FIELD: sender}
 
 
 def chunk_fields(seq: int, chunk: int, frame: bytes, opus: bytes | None = None) -> EntryFields:
@@ -93,9 +109,6 @@ def group_fields(seq: int, chunk: int, frames: Sequence[bytes], opus: Sequence[b
         if opus is not None:
             fields[OPUS_FIELDS[i].decode()] = opus[i]
     return fields
-
-
-AUDIENCE_FIELD = "to"
 
 
 def audience(fields: Mapping[bytes, bytes]) -> frozenset[str] | None:
@@ -160,6 +173,11 @@ def control_from_entry(fields: Mapping[bytes, bytes]) -> ControlMessage | None:
                 end["code"] = fields.get(b"code", ErrorCode.SYNTHESIS_FAILED.encode()).decode()
                 end["error"] = fields.get(b"error", b"").decode()
             return end
+        if kind == b"text":
+            return {"type": "text", "utterance": int(fields[b"seq"]), "offset": int(fields[b"offset"]),
+                    "text": fields[b"text"].decode()}
+        if kind == b"flushed":
+            return {"type": "flushed", "seq": int(fields[b"line"]), "part": int(fields[b"part"])}
         if kind == b"marks":
             words = json.loads(fields[b"words"])
             if not isinstance(words, list):

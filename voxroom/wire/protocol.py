@@ -45,6 +45,10 @@ SURROGATE_RE: Final = re.compile(r"[\ud800-\udfff]")
 it cannot be encoded as UTF-8 (not to Redis, not back to the client)."""
 CONTROL_CHARS_RE: Final = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 """C0 controls and DEL, except tab, line feed and carriage return (a say's text may hold those)."""
+MAX_OPEN_LINE_CHARS: Final = 4000
+"""An open line's whole text (``say`` with ``open``, then its ``append`` parts), markup included."""
+MAX_LINE_PARTS: Final = 1000
+"""Most ``append`` parts of one open line (and flushes: every piece counts)."""
 MAX_AUDIENCE: Final = 12
 """Most client ids a private line (``say`` with ``to``) may name: a werewolf room's players."""
 MAX_CLIENT_ID_CHARS: Final = 64
@@ -74,6 +78,7 @@ class ErrorCode:
     UNKNOWN_LANGUAGE: Final = "unknown_language"  # a scene's language that languages.py cannot map
     FRAME_TOO_LARGE: Final = "frame_too_large"
     DUPLICATE: Final = "duplicate"  # a say whose seq was already accepted: ignored, not spoken twice
+    SEQ_TOO_OLD: Final = "seq_too_old"  # a say far below the client's last stored seq: stored or not, unknown
     BUSY: Final = "busy"  # the room or the pool is full: retry after ``retry_after_ms``
     RATE_LIMITED: Final = "rate_limited"
     FORBIDDEN: Final = "forbidden"  # e.g. a listener token tried to speak, or to cancel another's line
@@ -135,7 +140,31 @@ class Say:
     to: tuple[str, ...] | None = None
     """A private line's audience: the client ids (as ``start.sender`` shows them) that receive it,
     besides its sender; sorted, each once. ``None``: the whole room."""
+    open: bool = False
+    """An open line: more text follows in ``append`` parts (docs/protocol.md, "Lines streamed in").
+    Its ``text`` is taken as sent (not stripped: the parts are joined as they come) and may be empty."""
     type: Literal["say"] = "say"
+
+
+@dataclass(frozen=True, slots=True)
+class Append:
+    """More text for the sender's open line ``seq``: part ``part`` (1, 2, 3... in order). ``final``
+    closes the line (its ``text`` may then be empty)."""
+
+    seq: int
+    part: int
+    text: str
+    final: bool = False
+    type: Literal["append"] = "append"
+
+
+@dataclass(frozen=True, slots=True)
+class Flush:
+    """Speak what the sender's open line ``seq`` holds now, even mid-sentence; answered
+    ``flushed`` once that audio is published."""
+
+    seq: int
+    type: Literal["flush"] = "flush"
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +199,7 @@ class Cancel:
     type: Literal["cancel"] = "cancel"
 
 
-ClientMessage = Say | Ping | Resume | Cancel
+ClientMessage = Say | Ping | Resume | Cancel | Append | Flush
 
 
 def decode_client_frame(data: str | bytes) -> dict[str, Any]:
@@ -250,29 +279,11 @@ def parse_client_message(obj: dict[str, Any]) -> ClientMessage:
     :func:`check_encodable`): strings are taken to be encodable here."""
     kind = obj.get("type")
     if kind == "say":
-        seq = _int_field(obj, "seq", minimum=1, maximum=MAX_SAY_SEQ)
-        text = obj.get("text")
-        if not isinstance(text, str):
-            raise ProtocolError(ErrorCode.BAD_MESSAGE, "'text' must be a string", seq=seq)
-        text = text.strip()
-        if not text:
-            raise ProtocolError(ErrorCode.EMPTY_TEXT, "'text' is empty", seq=seq)
-        if CONTROL_CHARS_RE.search(text):
-            # Nothing speaks them, and a NUL makes the espeak phonemizer raise mid-synthesis.
-            raise ProtocolError(ErrorCode.BAD_MESSAGE, "'text' has control characters", seq=seq)
-        check_say_text(text, seq=seq)
-        voice = obj.get("voice")
-        if voice is not None and (not isinstance(voice, str) or not VOICE_RE.match(voice)):
-            raise ProtocolError(ErrorCode.UNKNOWN_VOICE, "'voice' must be a catalog voice id", seq=seq)
-        scene = parse_scene(obj.get("scene"), seq=seq)
-        if scene is not None and voice is not None:
-            raise ProtocolError(ErrorCode.BAD_MESSAGE, "give 'voice' or 'scene', not both", seq=seq)
-        try:
-            lexicon = line_lexicon.parse(obj.get("lexicon"))
-        except line_lexicon.BadLexicon as exc:
-            raise ProtocolError(ErrorCode.BAD_MESSAGE, str(exc), seq=seq) from None
-        return Say(seq=seq, text=text, voice=voice, scene=scene, lexicon=lexicon or None,
-                   to=parse_audience(obj["to"], seq=seq) if "to" in obj else None)
+        return _parse_say(obj)
+    if kind == "append":
+        return _parse_append(obj)
+    if kind == "flush":
+        return Flush(seq=_int_field(obj, "seq", minimum=1, maximum=MAX_SAY_SEQ))
     if kind == "ping":
         t = obj.get("t")
         if t is not None and (isinstance(t, bool) or not isinstance(t, int | float)):
@@ -294,6 +305,69 @@ def parse_client_message(obj: dict[str, Any]) -> ClientMessage:
     if not isinstance(kind, str):
         raise ProtocolError(ErrorCode.BAD_MESSAGE, "'type' must be a string")
     raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown message type {kind[:32]!r}")
+
+
+def _parse_say(obj: dict[str, Any]) -> Say:
+    seq = _int_field(obj, "seq", minimum=1, maximum=MAX_SAY_SEQ)
+    opened = obj.get("open", False)
+    if not isinstance(opened, bool):
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, "'open' must be true or false", seq=seq)
+    text = obj.get("text", "" if opened else None)
+    if not isinstance(text, str):
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, "'text' must be a string", seq=seq)
+    if opened:
+        check_piece(text, seq=seq)
+    else:
+        text = text.strip()
+        if not text:
+            raise ProtocolError(ErrorCode.EMPTY_TEXT, "'text' is empty", seq=seq)
+        if CONTROL_CHARS_RE.search(text):
+            # Nothing speaks them, and a NUL makes the espeak phonemizer raise mid-synthesis.
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, "'text' has control characters", seq=seq)
+        check_say_text(text, seq=seq)
+    voice = obj.get("voice")
+    if voice is not None and (not isinstance(voice, str) or not VOICE_RE.match(voice)):
+        raise ProtocolError(ErrorCode.UNKNOWN_VOICE, "'voice' must be a catalog voice id", seq=seq)
+    scene = parse_scene(obj.get("scene"), seq=seq)
+    if scene is not None and voice is not None:
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, "give 'voice' or 'scene', not both", seq=seq)
+    try:
+        lexicon = line_lexicon.parse(obj.get("lexicon"))
+    except line_lexicon.BadLexicon as exc:
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, str(exc), seq=seq) from None
+    return Say(seq=seq, text=text, voice=voice, scene=scene, lexicon=lexicon or None,
+               to=parse_audience(obj["to"], seq=seq) if "to" in obj else None, open=opened)
+
+
+def _parse_append(obj: dict[str, Any]) -> Append:
+    seq = _int_field(obj, "seq", minimum=1, maximum=MAX_SAY_SEQ)
+    part = _int_field(obj, "part", minimum=1, maximum=MAX_LINE_PARTS)
+    final = obj.get("final", False)
+    if not isinstance(final, bool):
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, "'final' must be true or false", seq=seq)
+    text = obj.get("text", "")
+    if not isinstance(text, str):
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, "'text' must be a string", seq=seq)
+    if not text and not final:
+        raise ProtocolError(ErrorCode.EMPTY_TEXT, "an append without text must be final", seq=seq)
+    check_piece(text, seq=seq)
+    return Append(seq=seq, part=part, text=text, final=final)
+
+
+def check_piece(text: str, *, seq: int | None = None) -> None:
+    """One piece of an open line (its ``say``'s text, or an ``append``'s), taken as sent: no control
+    characters but tab, LF and CR, markup whole within the piece (a pause split over two parts is
+    ``bad_message``), at most :data:`MAX_TEXT_CHARS` to speak. The whole line's bound
+    (:data:`MAX_OPEN_LINE_CHARS`) is the store's to check: only it sees every part."""
+    if CONTROL_CHARS_RE.search(text):
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, "'text' has control characters", seq=seq)
+    try:
+        script = markup.parse(text)
+    except markup.MarkupError as exc:
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, str(exc), seq=seq) from None
+    if len(script.spoken) > MAX_TEXT_CHARS:
+        raise ProtocolError(ErrorCode.TEXT_TOO_LONG, f"a piece has {len(script.spoken)} characters to speak; "
+                            f"the limit is {MAX_TEXT_CHARS} a piece", seq=seq)
 
 
 def parse_audience(value: object, *, seq: int | None = None) -> tuple[str, ...]:
@@ -483,21 +557,38 @@ class Cancelled(TypedDict):
     """The room numbers of the lines the ``cancel`` stopped, sorted (empty: ``all`` found none)."""
 
 
+class Text(TypedDict):
+    """A piece of an open line, as it is spoken: ``offset`` is where it starts in the line's whole
+    text (``start.text`` is the first piece), in code points, as marks count them."""
+    type: Literal["text"]
+    utterance: int
+    offset: int
+    text: str
+
+
+class Flushed(TypedDict):
+    """To an open line's sender only: the audio of everything through part ``part`` of its line
+    ``seq`` (its ``say`` seq) is published (the answer to its ``flush``)."""
+    type: Literal["flushed"]
+    seq: int
+    part: int
+
+
 class Pong(TypedDict):
     type: Literal["pong"]
     t: float | None
     server_ms: float
 
 
-ServerMessage = Welcome | Accepted | Start | Marks | End | Error | Pong | Cancelled
+ServerMessage = Welcome | Accepted | Start | Marks | End | Error | Pong | Cancelled | Text | Flushed
 SERVER_MESSAGES: Final[Mapping[str, type[Any]]] = {
     "welcome": Welcome, "accepted": Accepted, "start": Start, "marks": Marks, "end": End, "error": Error,
-    "pong": Pong, "cancelled": Cancelled}
+    "pong": Pong, "cancelled": Cancelled, "text": Text, "flushed": Flushed}
 """Every server -> client control message by its ``type`` (client_js/protocol.js declares the same:
 tests/protocol/test_js_agreement.py). ``start``, ``marks`` and ``end`` travel from the workers
 through the room's output stream: voxroom/wire/output_entries.py."""
 CLIENT_MESSAGES: Final[Mapping[str, type[ClientMessage]]] = {"say": Say, "ping": Ping, "resume": Resume,
-                                                             "cancel": Cancel}
+                                                             "cancel": Cancel, "append": Append, "flush": Flush}
 
 
 def encode_server_message(msg: ServerMessage) -> str:

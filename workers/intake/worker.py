@@ -56,6 +56,7 @@ from workers.intake.metrics_http import MetricsServer
 from workers.intake.stopping import unless_stopped
 from workers.output.clock import RoomClock
 from workers.output.publisher import PublishResult, publish_utterance
+from workers.pool import open_line
 from workers.pool.context import Context
 from workers.pool.pool import ContextPool
 from workers.utterance import SliceBuffer, Utterance
@@ -70,7 +71,7 @@ READ_BLOCK_MS = 2000
 class Worker:
     def __init__(self, store: Store, pool: ContextPool, catalog: Catalog, *, worker_id: str | None = None,
                  lead_ms: float = 120.0, order_wait_ms: float = 30_000.0, claim_idle_ms: int = 5_000,
-                 resume_window_ms: int = 120_000, room_idle_ttl_s: int = 3600,
+                 resume_window_ms: int = 120_000, room_idle_ttl_s: int = 3600, open_line_idle_s: float = 10.0,
                  shutdown_timeout_s: float = 10.0, clock: RoomClock | None = None, opus_bitrate: int = 0,
                  cache_slots: int = 0, cache_entry_max_bytes: int = 480_000, cache_ttl_s: int = 86_400,
                  cache_lru_entries: int = 64, metrics_port: int = 0, metrics_host: str = "127.0.0.1") -> None:
@@ -92,6 +93,9 @@ class Worker:
         """Jobs a context (or, for a voice we do not serve, a publisher) holds, by entry id."""
         self._owner: dict[str, Context] = {}
         self._publishers: dict[str, asyncio.Task[None]] = {}
+        self._feeds: dict[str, asyncio.Task[None]] = {}
+        """Open lines' feeds (workers/pool/open_line.py), by entry id: each ends with its line."""
+        self.open_line_idle_s = open_line_idle_s
         self._stopping = asyncio.Event()
         self.supervisor = Supervisor("worker")
         self.published = 0
@@ -294,7 +298,20 @@ class Worker:
         self._owner[job.entry_id] = ctx
 
     def _on_started(self, utt: Utterance) -> None:
-        self._start_publisher(utt, self._owner.get(utt.job.entry_id))
+        ctx = self._owner.get(utt.job.entry_id)
+        self._start_publisher(utt, ctx)
+        if utt.job.open_seq:
+            engine = ctx.engine_for(utt) if ctx is not None else None
+            if ctx is None or engine is None:  # a context only starts lines it has the engine of
+                utt.error = f"no engine here for voice {utt.job.voice!r}"
+                utt.slices.close()
+                return
+            entry_id = utt.job.entry_id
+            task = self._task(open_line.feed(self.bus, ctx, engine, utt, idle_s=self.open_line_idle_s,
+                                             clock=self.clock), f"room:{utt.job.room}:utt:{utt.job.seq}:feed")
+            self._feeds[entry_id] = task
+            task.add_done_callback(lambda t: self._feeds.pop(entry_id, None) if
+                                   self._feeds.get(entry_id) is t else None)
 
     def _start_publisher(self, utt: Utterance, ctx: Context | None) -> None:
         entry_id = utt.job.entry_id
@@ -316,6 +333,8 @@ class Worker:
                                              opus_bitrate=0 if private else self.opus_bitrate, paced=not private)
             if result.status == "skipped":
                 await self.bus.ack(job)  # finish acks the others, in the same script as their end
+            if job.open_seq:
+                await self.bus.drop_line(job)  # its pieces: the line is over (else the room TTL)
             self.published += 1
             stages = stage_seconds(utt, result.first_slice_ms)
             observe_utterance(self._engine_of(job.voice), utt, result, stages)
@@ -329,6 +348,11 @@ class Worker:
             log.warning("worker %s: redis unavailable while publishing room %s utterance %d (%s); left "
                         "for a claim", self.id, job.room, job.seq, exc)
         finally:
+            feed = self._feeds.get(job.entry_id)
+            if feed is not None:  # ended before its line did (cut, cancelled, lost): stop reading
+                utt.cancel.set()
+                feed.cancel()
+                await asyncio.gather(feed, return_exceptions=True)
             self.inflight.pop(job.entry_id, None)
             self._owner.pop(job.entry_id, None)
             if ctx is not None:

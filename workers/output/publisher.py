@@ -36,7 +36,7 @@ the wait) and in its turn it is passed: no ``start``, no ``end``, the next line 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -44,7 +44,7 @@ import numpy as np
 from voxroom.errors import LineCancelled, TurnLost
 from voxroom.store.interface import JobBus, Turn
 from voxroom.wire import protocol
-from voxroom.wire.output_entries import EntryFields, entry_fields, group_fields
+from voxroom.wire.output_entries import EntryFields, entry_fields, flushed_fields, group_fields
 from voxroom.wire.protocol import CODEC_OPUS, ROOM_RATE, SLICE_SAMPLES, AudioFrame, end_message, start_message
 from workers.engines import marks as engine_marks
 from workers.output.clock import RoomClock
@@ -173,6 +173,40 @@ def _in_turn(utt: Utterance, turn: Turn) -> str:
         utt.cancel.set()
         return "cancelled"
     return "restart" if turn.started == seq else "ok"
+
+
+def _echoes(utt: Utterance) -> list[EntryFields]:
+    """An open line's pieces not yet told to the room, as ``text`` entries."""
+    out: list[EntryFields] = []
+    while utt.texts:
+        offset, text = utt.texts.popleft()
+        out.append(entry_fields({"type": "text", "utterance": utt.job.seq, "offset": offset, "text": text}))
+    return out
+
+
+def _acks(utt: Utterance, published: int | None) -> list[EntryFields]:
+    """``flushed`` answers whose audio is out (``published`` slices; ``None``: all of them)."""
+    out: list[EntryFields] = []
+    while utt.flush_acks and (published is None or utt.flush_acks[0][0] <= published):
+        _, part = utt.flush_acks.popleft()
+        out.append(flushed_fields(utt.job.seq, {"type": "flushed", "seq": utt.job.open_seq, "part": part},
+                                  utt.job.sender))
+    return out
+
+
+async def _next_of_open_line(utt: Utterance, published: int,
+                             send: Callable[[list[EntryFields], int | None], Awaitable[None]]) -> np.ndarray | None:
+    """An open line's next slice; meanwhile, what its feed has to tell the room goes out at once
+    (a piece of text while its clause waits for more, a flush answered with no new audio). Only
+    once the line's ``start`` is out: nothing of a line may come before it."""
+    while True:
+        got = await utt.slices.get_or_notice()
+        if not isinstance(got, str):
+            return got
+        if published:
+            notices = _echoes(utt) + _acks(utt, published)
+            if notices:
+                await send(notices, None)
 
 
 def fade_out(pcm: np.ndarray, fade_ms: float = CUT_FADE_MS) -> np.ndarray:
@@ -337,6 +371,8 @@ async def _publish_in_turn(bus: JobBus, utt: Utterance, clock: RoomClock, state:
             # Rounded to a shared tick: rooms' slices due together leave in one pipeline.
             await clock.sleep_until(next_pts - lead_ms, tick_ms=PACING_TICK_MS)
         words.slice_at(next_pts)
+        if utt.texts:  # an open line's new pieces, ahead of their audio (captions)
+            pending += _echoes(utt)
         heard = words.due(utt.slices.take_marks())
         if heard:  # ahead of the group that holds the slice: words never come after their audio
             pending.append(entry_fields(protocol.marks_message(job.seq, heard)))
@@ -359,6 +395,8 @@ async def _publish_in_turn(bus: JobBus, utt: Utterance, clock: RoomClock, state:
             continue
         pending.append(group_fields(job.seq, chunk - len(frames), frames, opus_frames if encoder else None))
         frames, opus_frames = [], []
+        if utt.flush_acks:  # in the same write as the audio they wait for
+            pending += _acks(utt, chunk)
         # Slices that are already due go out in one round trip; otherwise publish this one now.
         # Unpaced, the first slice still goes out alone: it is what the caller waits for.
         due = next_pts - lead_ms <= clock.now_ms() if paced else 1 < chunk and len(pending) < UNPACED_BATCH
@@ -367,10 +405,11 @@ async def _publish_in_turn(bus: JobBus, utt: Utterance, clock: RoomClock, state:
             pending, mark_started, unsent = [], None, None
             if first_ms is None:
                 first_ms = clock.now_ms()
-        item = await utt.slices.get()
+        item = await utt.slices.get() if not job.open_seq else await _next_of_open_line(utt, chunk, send)
     late = words.due(utt.slices.take_marks())  # an estimate given after its audio
     if late:
         pending.append(entry_fields(protocol.marks_message(job.seq, late)))
+    pending += _echoes(utt) + _acks(utt, None)  # an open line's last pieces and flushes
     if pending:  # also the start entry of an utterance that produced no audio at all
         await send(pending, mark_started)
         first_ms = first_ms if first_ms is not None else clock.now_ms()

@@ -32,9 +32,11 @@ threads), ``workers/pool/cache_race.py`` (the audio cache, and its race with a c
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 from voxroom.errors import EngineError
 from voxroom.voices.catalog import Catalog
@@ -45,7 +47,7 @@ from workers.pool import batching
 from workers.pool.cache_race import CachedAudio, fingerprint_of
 from workers.pool.continuous_rows import ContinuousRows, continuous
 from workers.pool.line_queue import JobQueue
-from workers.utterance import MAX_UTTERANCE_SLICES, Utterance, switch_of
+from workers.utterance import MAX_UTTERANCE_SLICES, SliceBuffer, Utterance, switch_of
 
 log = logging.getLogger("voxroom.worker.context")
 
@@ -141,6 +143,12 @@ class Context:
             if engine is None:
                 self._unserved(first, on_started)
                 continue
+            if first.job.open_seq:
+                # An open line: its feed (workers/pool/open_line.py) hands its clauses to
+                # :meth:`speak_clause` as they come; nothing of it runs here, and the cache has none.
+                first.claim("engine")
+                on_started(first)
+                continue
             if continuous(engine):
                 self._start_continuous(engine, first, on_started)
                 continue
@@ -183,6 +191,54 @@ class Context:
         task = asyncio.create_task(self._cached.race(engine, utt), name=f"{self.name}:race:{utt.job.room}")
         self._racing.add(task)
         task.add_done_callback(self._racing.discard)
+
+    async def speak_clause(self, engine: Engine, line: Utterance, text: str, offset: int) -> None:
+        """One clause of the open line ``line`` (``text``, at ``offset`` in the line's text),
+        synthesized like a line of its own (its own slicer, fades and padding: the line's audio is
+        its clauses said alone, joined) and appended to the line's slices; its word marks moved to
+        where it starts, in time and in the text. On this context's thread for a windowed engine,
+        as a row of a continuous one; the line's ``cancel`` stops it, as a line's. Past the
+        context's length cut the line is cut (its ``cancel`` set)."""
+        before = line.slices.produced
+        room_left = self.max_slices - before
+        if room_left <= 0:
+            line.cancel.set()
+            return
+        loop = asyncio.get_running_loop()
+        clause = Utterance(job=replace(line.job, text=text, open_seq=0), slices=SliceBuffer(loop),
+                           cancel=line.cancel, read_ms=line.read_ms)
+        clause.claim("engine")
+        synthesis: asyncio.Future[list[CachedLine | None]] | None = None
+        if continuous(engine):
+            self._rows.admit(engine, clause)
+        else:
+            synthesis = loop.run_in_executor(self._executor, functools.partial(
+                batching.synthesize, self.name, engine, [clause], self._request, keep=False, max_slices=room_left,
+                meter=self))
+        try:
+            shift_ms = before * SLICE_MS
+            while (item := await clause.slices.get()) is not None:
+                marks = clause.slices.take_marks()
+                if marks:
+                    line.slices.add_marks([m.shifted(shift_ms, offset) for m in marks])
+                line.slices.put(item)
+                if line.slices.produced >= self.max_slices:
+                    line.cancel.set()  # the length cut: a continuous row's own counts its clause only
+            marks = clause.slices.take_marks()
+            if marks:
+                line.slices.add_marks([m.shifted(shift_ms, offset) for m in marks])
+        finally:
+            if synthesis is not None:
+                await asyncio.wait([synthesis])
+        if line.synth_started_ms is None:
+            line.synth_started_ms = clause.synth_started_ms
+            line.engine_first_chunk_ms = clause.engine_first_chunk_ms
+        if clause.error is not None:
+            line.error = clause.error
+
+    def engine_for(self, utt: Utterance) -> Engine | None:
+        """The engine of this context that speaks ``utt``'s voice (``None``: none here)."""
+        return self._engine_for(utt)
 
     def _has_place(self, utt: Utterance) -> bool:
         """The queue's ``accept``: a line may be taken unless its engine is a continuous one

@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 from redis.exceptions import RedisClusterException, RedisError
 
-from voxroom.store import cancels, keys
+from voxroom.store import cancels, keys, lines
 from voxroom.store.cluster.jobs import SCRIPTS
 from voxroom.store.cluster.pipeline import ClusterAutoPipeline
 from voxroom.store.interface import CancelRequest, IngressOptions, SayOutcome
@@ -108,16 +108,27 @@ class ClusterIngress:
         await self.calls.aclose()
 
     async def say(self, room: str, sender: str, client_seq: int, text: str, voice: str, *,
-                  lexicon: Mapping[str, str] | None = None, to: Sequence[str] = ()) -> SayOutcome:
+                  lexicon: Mapping[str, str] | None = None, to: Sequence[str] = (),
+                  open_line: bool = False) -> SayOutcome:
         o = self.options
         now_ms = int(time.time() * 1000)
         # say.SINGLE's ARGV; the cluster's script reads 7 and 11 as the epoch and the shard.
         return await self.say_and_hand(room, [
             sender, client_seq, text, voice, now_ms, o.utterance_maxlen, o.jobs_maxlen, room, o.max_pending_per_room,
-            o.room_idle_ttl_s, 0, 0, o.switch_lines, line_lexicon.encode(lexicon or {}), " ".join(to)])
+            o.room_idle_ttl_s, 0, 0, o.switch_lines, line_lexicon.encode(lexicon or {}), " ".join(to),
+            "1" if open_line else "", len(text)])
 
     async def cancel(self, room: str, request: CancelRequest) -> list[int]:
         return await cancels.cancel(self.calls, SCRIPTS.cancel, room, request)
+
+    async def append(self, room: str, sender: str, client_seq: int, part: int, text: str, *,
+                     final: bool) -> int:
+        return await lines.append(self.calls, SCRIPTS.append, room, sender, client_seq, part, text, final=final,
+                                  ttl_s=self.options.room_idle_ttl_s)
+
+    async def flush(self, room: str, sender: str, client_seq: int) -> int:
+        return await lines.flush(self.calls, SCRIPTS.flush, room, sender, client_seq,
+                                 ttl_s=self.options.room_idle_ttl_s)
 
     # -- step 0: the index the sweeper reads -----------------------------------------------------
 
@@ -134,7 +145,7 @@ class ClusterIngress:
     # -- step 1 ----------------------------------------------------------------------------------
 
     async def accept(self, room: str, argv: list[Any]) -> tuple[SayOutcome, RoomMark | None, Line | None]:
-        """Accept a line (``argv``: ``say.SINGLE``'s ARGV, 15 values). The mark and the line are
+        """Accept a line (``argv``: ``say.SINGLE``'s ARGV, 17 values). The mark and the line are
         ``None`` unless accepted."""
         now_ms = int(argv[4])
         await self.index(room, now_ms)
@@ -143,11 +154,12 @@ class ClusterIngress:
         argv[10] = keys.shard_of(room, self.shards)
         argv[11] = ""
         reply: Any = await self.calls.call(
-            "EVAL", say.CLUSTER, 5, keys.room_senders(room), keys.room_seq(room), keys.room_utterances(room),
-            keys.room_output(room), keys.room_state(room), *argv)
+            "EVAL", say.CLUSTER, 6, keys.room_senders(room), keys.room_seq(room), keys.room_utterances(room),
+            keys.room_output(room), keys.room_state(room), keys.open_line(room, str(argv[0]), int(argv[1])), *argv)
         status = int(reply[0])
         if status != 1:
-            kind: Literal["duplicate", "busy"] = "duplicate" if status == 0 else "busy"
+            kind: Literal["duplicate", "busy", "too_old"] = (
+                "duplicate" if status == 0 else "too_old" if status == -2 else "busy")
             return SayOutcome(kind, int(reply[1])), None, None
         seq = int(reply[1])
         mark = RoomMark(str(reply[2]), int(reply[3]), int(reply[4]))

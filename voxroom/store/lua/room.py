@@ -31,6 +31,7 @@ Every script here takes ``KEYS[1]`` (the fence's key) first and each job's fence
 from __future__ import annotations
 
 from voxroom.store import keys
+from voxroom.store.lua import lines
 from voxroom.store.lua.common import CANCELS, PENDING, ROOM, TURN
 
 SINGLE = PENDING + f"""\
@@ -230,7 +231,7 @@ return 1
 class RoomScripts:
     """The room's scripts with one mode's fence in front (:data:`SINGLE` or :data:`CLUSTER`)."""
 
-    __slots__ = ("cancel", "finish", "pass_turn", "publish", "release", "skip")
+    __slots__ = ("append", "cancel", "close_idle", "finish", "flush", "pass_turn", "publish", "release", "skip")
 
     def __init__(self, fence: str) -> None:
         prelude = fence + ROOM + TURN + CANCELS
@@ -240,3 +241,7 @@ class RoomScripts:
         self.pass_turn = prelude + _PASS
         self.release = prelude + _RELEASE
         self.cancel = prelude + _CANCEL
+        # An open line's pieces (voxroom/store/lua/lines.py): only ``ring`` of the prelude.
+        self.append = prelude + lines.APPEND
+        self.flush = prelude + lines.FLUSH
+        self.close_idle = prelude + lines.CLOSE_IDLE

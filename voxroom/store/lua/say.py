@@ -10,15 +10,18 @@ both.
 
 from __future__ import annotations
 
-# KEYS: 1 senders, 2 seq, 3 utt, 4 jobs, 5 state, 6 rooms, 7 out.
+# KEYS: 1 senders, 2 seq, 3 utt, 4 jobs, 5 state, 6 rooms, 7 out, 8 the open line's pieces
+#       (keys.open_line: written only when the line is open).
 # ARGV: 1 sender, 2 client seq, 3 text, 4 voice, 5 now ms, 6 utt maxlen, 7 jobs maxlen, 8 room,
 #       9 max pending, 10 idle ttl s, 11 stale cutoff ms, 12 stale entries per call, 13 switch lines,
 #       14 the line's own lexicon as JSON ('' for none), 15 a private line's audience: client ids
-#       separated by spaces ('' for the whole room).
+#       separated by spaces ('' for the whole room), 16 '1' for an open line (more text follows in
+#       ``append`` parts), 17 the length of its text in code points.
 GAPS_KEPT = 32
 """How far below a sender's last stored seq a line never stored may still be resent and spoken
 (``duplicate`` means stored: a resend within this of the last is checked against the seqs that were
-skipped, an older one counts as stored). Far more than any client keeps in flight."""
+skipped; an older one is refused ``seq_too_old``, stored or not: the script no longer knows).
+Far more than any client keeps in flight (client_js keeps 32 lines waiting at most)."""
 
 BODY = f"\nlocal GAPS_KEPT = {GAPS_KEPT}" + """
 local last = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
@@ -30,7 +33,12 @@ if cs <= last then
   -- Below the last line stored for this sender: a resend. Stored already (duplicate), unless it is
   -- one of the seqs the sender skipped when a later one was stored (refused, or still on its way).
   gap = string.find(' ' .. gaps .. ' ', ' ' .. cs .. ' ', 1, true) ~= nil
-  if not gap then return {0, last} end
+  if not gap then
+    -- More than GAPS_KEPT below: its gap, if it was one, is forgotten. Stored or not, nobody can
+    -- tell now; "duplicate" would claim it was, so it is refused as too old (and not stored).
+    if cs <= last - GAPS_KEPT then return {-2, last} end
+    return {0, last}
+  end
 end
 local nxt = tonumber(redis.call('HGET', KEYS[5], 'next') or '1')
 local seq = redis.call('GET', KEYS[2])
@@ -96,10 +104,27 @@ if (ARGV[15] or '') ~= '' then
   extra[#extra + 1] = 'to'
   extra[#extra + 1] = ARGV[15]
 end
+if ARGV[16] == '1' then
+  extra[#extra + 1] = 'open'
+  extra[#extra + 1] = ARGV[2]
+end
 """
 """Numbering, dedupe, back-pressure and the voice switch: shared with the cluster's ``say``
 (voxroom/store/cluster/ingress.py), which differs only in what it writes after."""
-SINGLE = BODY + """\
+
+
+def _open_line(key: int) -> str:
+    """An open line's first piece (part 0: the ``say``'s own text) in its pieces stream ``KEYS[key]``."""
+    return f"""\
+if ARGV[16] == '1' then
+  redis.call('DEL', KEYS[{key}])
+  redis.call('XADD', KEYS[{key}], '*', 'part', 0, 'text', ARGV[3], 'offset', 0, 'end', ARGV[17], 'utt', seq)
+  redis.call('EXPIRE', KEYS[{key}], ARGV[10])
+end
+"""
+
+
+SINGLE = BODY + _open_line(8) + """\
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[6], '*', 'seq', seq, 'text', ARGV[3], 'voice', ARGV[4],
            'sender', ARGV[1], 'client_seq', ARGV[2], 'time', ARGV[5], unpack(audience))
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[7], '*', 'room', ARGV[8], 'seq', seq, 'text', ARGV[3],
@@ -143,12 +168,15 @@ return {1, seq}
 #   the line private and leaves its text out) and in the job, whose worker writes it on every
 #   output entry of the line: gateways deliver those to the audience only. It rides in ``extra``
 #   (Lua's ``unpack`` spreads only a call's last argument).
+# - An open line (``say`` with ``open``) carries ``open``: its sender's ``say`` seq, which names its
+#   pieces stream (keys.open_line) for the worker; its first piece (part 0, the ``say``'s text) is
+#   written there in the same script, so the stream exists from the moment the line is accepted.
 
-# KEYS: 1 senders, 2 seq, 3 utt, 4 out, 5 state (one slot: the room's).
+# KEYS: 1 senders, 2 seq, 3 utt, 4 out, 5 state, 6 the open line's pieces (one slot: the room's).
 # ARGV: as :data:`SINGLE`'s (the body reads 1, 2, 4, 9, 10, 13, 14), except 7: an epoch for a new
 # ``:state``, 11: the room's shard for a new ``:state``; 12 unused.
 # Returns {1, seq, epoch, handed, shard, the :utt entry's field pairs...} when accepted.
-CLUSTER = BODY + """\
+CLUSTER = BODY + _open_line(6) + """\
 local fields = {'seq', seq, 'text', ARGV[3], 'voice', ARGV[4], 'prev_voice', prev,
                 'sender', ARGV[1], 'client_seq', ARGV[2], 'time', ARGV[5], unpack(extra)}
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[6], '*', unpack(fields))

@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
-from voxroom.store import cancels, keys
+from voxroom.store import cancels, keys, lines
 from voxroom.store.autopipe import AutoPipeline
 from voxroom.store.interface import CancelRequest, IngressOptions, SayOutcome
 from voxroom.store.lua import say
@@ -42,17 +42,19 @@ class SingleIngress:
         await self._pipe.aclose()
 
     async def say(self, room: str, sender: str, client_seq: int, text: str, voice: str, *,
-                  lexicon: Mapping[str, str] | None = None, to: Sequence[str] = ()) -> SayOutcome:
+                  lexicon: Mapping[str, str] | None = None, to: Sequence[str] = (),
+                  open_line: bool = False) -> SayOutcome:
         o = self.options
         now_ms = int(time.time() * 1000)
         status, value = await self._pipe.call(
-            "EVAL", say.SINGLE, 7, keys.room_senders(room), keys.room_seq(room), keys.room_utterances(room),
+            "EVAL", say.SINGLE, 8, keys.room_senders(room), keys.room_seq(room), keys.room_utterances(room),
             keys.JOBS, keys.room_state(room), keys.ROOMS, keys.room_output(room),
+            keys.open_line(room, sender, client_seq),
             sender, client_seq, text, voice, now_ms, o.utterance_maxlen, o.jobs_maxlen, room, o.max_pending_per_room,
             o.room_idle_ttl_s, now_ms - o.room_idle_ttl_s * 1000, STALE_ROOMS_PER_SAY, o.switch_lines,
-            line_lexicon.encode(lexicon or {}), " ".join(to))
-        kind: Literal["accepted", "duplicate", "busy"] = (
-            "accepted" if status == 1 else "duplicate" if status == 0 else "busy")
+            line_lexicon.encode(lexicon or {}), " ".join(to), "1" if open_line else "", len(text))
+        kind: Literal["accepted", "duplicate", "busy", "too_old"] = (
+            "accepted" if status == 1 else "duplicate" if status == 0 else "too_old" if status == -2 else "busy")
         outcome = SayOutcome(kind, int(value))
         await wait_replicas(self._pipe, room, outcome, replicas=o.wait_replicas, timeout_ms=o.wait_timeout_ms,
                             room_ttl_s=o.room_idle_ttl_s)
@@ -60,3 +62,12 @@ class SingleIngress:
 
     async def cancel(self, room: str, request: CancelRequest) -> list[int]:
         return await cancels.cancel(self._pipe, SCRIPTS.cancel, room, request)
+
+    async def append(self, room: str, sender: str, client_seq: int, part: int, text: str, *,
+                     final: bool) -> int:
+        return await lines.append(self._pipe, SCRIPTS.append, room, sender, client_seq, part, text, final=final,
+                                  ttl_s=self.options.room_idle_ttl_s)
+
+    async def flush(self, room: str, sender: str, client_seq: int) -> int:
+        return await lines.flush(self._pipe, SCRIPTS.flush, room, sender, client_seq,
+                                 ttl_s=self.options.room_idle_ttl_s)
