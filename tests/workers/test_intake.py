@@ -16,6 +16,7 @@ from redis.asyncio import Redis
 
 from tests.support.outputs import add_jobs, problems, read_out, wait_ends
 from tests.support.stores import Stores
+from tests.support.waiting import until
 from voxroom.store import keys
 from voxroom.voices.catalog import Catalog
 from voxroom.wire.jobs import Job
@@ -63,7 +64,8 @@ async def start(stores: Stores, r: Redis, pool: ContextPool, **options: Any) -> 
     return await Running(worker).ready()
 
 
-async def test_claims_that_fill_the_pool_while_a_read_waits_never_kill_intake(r: Redis, raw: Redis, stores: Stores) -> None:
+async def test_claims_that_fill_the_pool_while_a_read_waits_never_kill_intake(r: Redis, raw: Redis,
+                                                                              stores: Stores) -> None:
     # A dead worker left three lines pending. The new worker (room for one line in synthesis and
     # one queued) blocks in a read for one job; its claim passes meanwhile fill the pool with the
     # stale lines, which play for seconds; then new lines arrive. Before, the read returned a job
@@ -257,7 +259,13 @@ async def test_the_output_stream_keeps_the_resume_window_not_a_count(r: Redis, r
         room = "window"
         short = "A short line."  # about a second of audio: the room is paced, played in real time
         await add_jobs(r, [(room, short)] * 4)
-        await wait_ends(raw, {room: 4}, 60)
+
+        async def line_4_ended() -> bool:
+            # Line 4's end, not four ends: with a one-second window the first lines' ends are
+            # trimmed while the later lines play (waiting for four, the test waited out 60 s).
+            return any(e.kind == "end" and e.seq == 4 for e in await read_out(raw, room))
+
+        await until(line_4_ended, "line 4 to end", timeout=60)
         written = await r.xlen(keys.room_output(room))
         await asyncio.sleep(1.5)
         await add_jobs(r, [(room, short)])
