@@ -6,18 +6,33 @@ a listener of the room received, and hears every piece, in the order it was sent
 from __future__ import annotations
 
 import asyncio
+import difflib
 from typing import Any
 
 import numpy as np
 
 from tests.conftest import Stack
 from tests.e2e.test_lexicon_heard import heard, recognizer  # noqa: F401  (the module's fixture)
+from tests.support.heard import assert_heard_whole_once_in_order
 from tests.support.room_client import RoomClient
 
 PIECES = ["The village", " sleeps under the moon.", " Two wolves", " walk to the old mill,",
           " and the baker", " dreams of bread."]
-KEYWORDS = ["village", "moon", "wolves", "mill", "baker", "bread"]
-"""One word of each piece that the recognizer must hear, in this order."""
+PIECE_WORDS = [("village",), ("sleeps", "moon"), ("two", "wolves"), ("walk", "old", "mill"), ("baker",),
+               ("dreams", "bread")]
+"""The words of each piece: the recognizer must hear one of them at least, each piece after the one
+before. One of them, and nearly (a similarity of 0.8: "leaps" for "sleeps"): Whisper base on
+Piper's voice misses a word now and then, and where the clauses are cut (which depends on when the
+pieces arrive and how fast Piper is on a busy machine) changes what it hears; a piece lost or out of
+order fails either way."""
+
+
+def _position(words: list[str], piece: tuple[str, ...], after: int) -> int:
+    """Where a word of ``piece`` is first heard after ``after`` (-1: nowhere)."""
+    def near(word: str, wanted: str) -> bool:
+        return difflib.SequenceMatcher(None, word.rstrip("s"), wanted.rstrip("s")).ratio() >= 0.8
+
+    return next((i for i, w in enumerate(words) if i > after and any(near(w, k) for k in piece)), -1)
 
 
 async def test_every_piece_of_a_streamed_line_is_heard_in_order(stack: Stack, room: str,
@@ -31,8 +46,10 @@ async def test_every_piece_of_a_streamed_line_is_heard_in_order(stack: Stack, ro
         [end] = await listener.wait_ends(1, timeout=90)
         assert end["status"] == "ok", end
         assert speaker.got.of("error") == []
+    assert_heard_whole_once_in_order(listener.got, 1)  # every slice, once, in order: nothing dropped
     audio = listener.got.audio(1).astype(np.float64) / 32768.0
     words = heard(recognizer, audio).split()
-    positions = [next((i for i, w in enumerate(words) if w.rstrip("s") == k.rstrip("s")), -1) for k in KEYWORDS]
-    assert -1 not in positions, (KEYWORDS, words)
-    assert positions == sorted(positions), (KEYWORDS, words)
+    positions: list[int] = []
+    for piece in PIECE_WORDS:
+        positions.append(_position(words, piece, positions[-1] if positions else -1))
+        assert positions[-1] >= 0, (piece, positions, " ".join(words))
