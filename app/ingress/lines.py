@@ -12,6 +12,8 @@ worker, with ``flushed``, once the audio of what the line held is published.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from voxroom.errors import LineRefused
@@ -28,23 +30,24 @@ log = logging.getLogger("voxroom.gateway.ws")
 
 async def append_piece(msg: protocol.Append, conn: ClientConnection, state: GatewayState) -> None:
     """Store ``msg``. Raises :class:`ProtocolError` for every refusal."""
-    try:
+    with _refusals("append", conn.room, msg.seq, "resend this part later"):
         await state.ingress.append(conn.room, conn.client_id, msg.seq, msg.part, msg.text, final=msg.final)
-    except LineRefused as exc:
-        raise ProtocolError(exc.code, str(exc), seq=msg.seq) from None
-    except REDIS_DOWN as exc:
-        log.warning("append in room %s not stored, redis unavailable: %s", conn.room, exc)
-        raise ProtocolError(ErrorCode.UNAVAILABLE, "storage unavailable; resend this part later", seq=msg.seq,
-                            retry_after_ms=1000) from None
 
 
 async def flush_line(msg: protocol.Flush, conn: ClientConnection, state: GatewayState) -> None:
     """Store the flush. Raises :class:`ProtocolError` for every refusal."""
-    try:
+    with _refusals("flush", conn.room, msg.seq, "flush again later"):
         await state.ingress.flush(conn.room, conn.client_id, msg.seq)
+
+
+@contextmanager
+def _refusals(what: str, room: str, seq: int, retry: str) -> Iterator[None]:
+    """The store's refusals of a piece as the client's errors: its own code, or ``unavailable``."""
+    try:
+        yield
     except LineRefused as exc:
-        raise ProtocolError(exc.code, str(exc), seq=msg.seq) from None
+        raise ProtocolError(exc.code, str(exc), seq=seq) from None
     except REDIS_DOWN as exc:
-        log.warning("flush in room %s not stored, redis unavailable: %s", conn.room, exc)
-        raise ProtocolError(ErrorCode.UNAVAILABLE, "storage unavailable; flush again later", seq=msg.seq,
+        log.warning("%s in room %s not stored, redis unavailable: %s", what, room, exc)
+        raise ProtocolError(ErrorCode.UNAVAILABLE, f"storage unavailable; {retry}", seq=seq,
                             retry_after_ms=1000) from None

@@ -8,8 +8,8 @@ whole right after. Who may cancel what is checked on a gateway with auth on.
 from __future__ import annotations
 
 import asyncio
-import random
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from tests.support.cuts import assert_cut, assert_whole, cancel, ends_of, pcm_of
-from tests.support.processes import ROOT, Proc, base_env, start_gateway, start_worker
+from tests.support.processes import ROOT, Proc, base_env, start_gateway, start_gateways, start_worker
 from tests.support.room_client import RoomClient, resume_point
 from voxroom.store.server import RedisServer
 from voxroom.wire import tokens
@@ -51,11 +51,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CancelStack]:
         worker = start_worker(redis.url, logs, contexts=2, VOXROOM_CACHE_SLOTS="0")
         procs = [worker]
         try:
-            ports = []
-            for _ in range(2):
-                proc, port = start_gateway(redis.url, logs)
-                procs.append(proc)
-                ports.append(port)
+            ports = start_gateways(redis.url, logs, procs)
             auth, auth_port = start_gateway(redis.url, logs, insecure=False, VOXROOM_JWT_SECRET=SECRET)
             procs.append(auth)
             yield CancelStack(redis, worker, ports, auth_port)
@@ -297,7 +293,8 @@ async def test_a_cancel_racing_a_lines_end_gives_every_listener_exactly_one_end(
             assert [e["utterance"] for e in ends] == list(range(1, n + 1)), ends
             for end in ends:
                 u = end["utterance"]
-                assert (answers[u], end["status"]) in (("cancelled", "cancelled"), ("not_found", "ok")), (u, answers, end)
+                assert (answers[u], end["status"]) in (("cancelled", "cancelled"), ("not_found", "ok")), \
+                    (u, answers, end)
                 if end["status"] == "ok":
                     assert_whole(listener.got, u)
                     continue

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.support.cuts import assert_whole, ends_of
-from tests.support.processes import Proc, start_gateway, start_worker
+from tests.support.processes import Proc, start_gateway, start_gateways, start_worker
 from tests.support.room_client import Received, RoomClient
 from voxroom.store.server import RedisServer
 
@@ -32,12 +32,7 @@ def ports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[int]]:
     with RedisServer() as redis:
         procs: list[Proc] = [start_worker(redis.url, logs, contexts=2, VOXROOM_OPEN_LINE_IDLE_S=str(IDLE_S))]
         try:
-            found = []
-            for _ in range(2):
-                proc, port = start_gateway(redis.url, logs)
-                procs.append(proc)
-                found.append(port)
-            yield found
+            yield start_gateways(redis.url, logs, procs)
         finally:
             for proc in procs:
                 proc.stop()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pytest
 
 from tests.support.cuts import assert_whole, ends_of
-from tests.support.processes import Proc, start_gateway, start_worker
+from tests.support.processes import Proc, start_gateway, start_gateways, start_worker
 from tests.support.room_client import Received, RoomClient
 from voxroom.store.server import RedisServer
 from voxroom.wire import tokens
@@ -39,11 +39,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateStack]:
     with RedisServer() as redis:
         procs: list[Proc] = [start_worker(redis.url, logs, contexts=2)]
         try:
-            ports = []
-            for _ in range(2):
-                proc, port = start_gateway(redis.url, logs)
-                procs.append(proc)
-                ports.append(port)
+            ports = start_gateways(redis.url, logs, procs)
             auth, auth_port = start_gateway(redis.url, logs, insecure=False, VOXROOM_JWT_SECRET=JWT_SECRET)
             procs.append(auth)
             yield PrivateStack(ports, auth_port)

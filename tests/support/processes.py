@@ -99,6 +99,18 @@ def start_gateway(redis_url: str, log_dir: Path, *, port: int | None = None, ins
     return proc, port
 
 
+def start_gateways(redis_url: str, log_dir: Path, procs: list[Proc], count: int = 2, **env: str) -> list[int]:
+    """``count`` gateways on one Redis (as :func:`start_gateway`); their ports. Each process goes
+    into ``procs`` as soon as it runs, so the caller that stops ``procs`` stops it even when a later
+    one fails to start."""
+    ports = []
+    for _ in range(count):
+        proc, port = start_gateway(redis_url, log_dir, **env)
+        procs.append(proc)
+        ports.append(port)
+    return ports
+
+
 def start_worker(redis_url: str, log_dir: Path, *, engine: str = "offline", contexts: int = 1,
                  name: str = "worker", **env: str) -> Proc:
     """A worker process, ready. Its ``/metrics`` listens on a free port unless ``env`` names one
