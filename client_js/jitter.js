@@ -169,7 +169,16 @@ export class JitterBuffer {
    */
   markEnd(seq, chunks, cut = false) {
     if (cut) this.#cut(seq, chunks);
-    if (this.utterance?.seq === seq && this.utterance.next >= chunks) this.utterance.ended = true;
+    if (this.utterance?.seq === seq && this.utterance.next >= chunks) {
+      this.utterance.ended = true;
+      if (this.inUnderrun) {
+        // The buffer ran dry after the line's last slice, before its `end` came (a cut line's
+        // last slice says nothing; a busy network or page delays the message): nothing of the
+        // line was late or lost, so the dry spell was its end, not an underrun.
+        this.counters.underruns--;
+        this.inUnderrun = false;
+      }
+    }
     this.endChunks.set(seq, chunks);
     if (this.endChunks.size > 64) this.endChunks.delete(/** @type {number} */ (this.endChunks.keys().next().value));
   }

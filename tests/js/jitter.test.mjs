@@ -181,6 +181,23 @@ test('the end message finishes an utterance whose last slice was lost (no false 
   assert.deepEqual(jb.drainEvents().map((e) => e.type), ['begin', 'finish']);
 });
 
+test('an end that comes after a cut line\'s last slice played takes back the underrun; one with slices missing keeps it', () => {
+  // A cancel cut the line after chunk 2: that slice says nothing of an end, and the `end`
+  // (status cancelled) is late. The buffer runs dry meanwhile: while it lasts it looks like an underrun.
+  const jb = new JitterBuffer();
+  for (let c = 0; c < 3; c++) jb.push(slice(1, c));
+  render(jb, T0, T0 + 300_000);
+  assert.equal(jb.stats().underruns, 1);
+  jb.markEnd(1, 3, true);
+  assert.equal(jb.stats().underruns, 0, 'every slice of the line played: the dry spell was its end');
+  // Chunks 3 and 4 never came, and the cut is after chunk 4: the buffer ran dry with audio missing.
+  const jb2 = new JitterBuffer();
+  for (let c = 0; c < 3; c++) jb2.push(slice(1, c));
+  render(jb2, T0, T0 + 300_000);
+  jb2.markEnd(1, 5, true);
+  assert.equal(jb2.stats().underruns, 1, 'audio was lost before the cut');
+});
+
 test('depth sets the playout delay against the server lead; the bound refuses overflow', () => {
   assert.equal(new JitterBuffer().delayUs, 0, '3 slices against a 120 ms lead: exactly on the room clock');
   const deep = new JitterBuffer({ depth: 5 });
