@@ -81,8 +81,14 @@ async def used_memory(r: Redis) -> int:
     return int(info["used_memory"])
 
 
-async def speak(port: int, r: Redis, room: str, lines: int) -> int:
-    """Speak ``lines`` lines one after another, then leave; Redis's ``used_memory`` at the end."""
+async def room_bytes(r: Redis, room: str) -> int:
+    """What a room's keys hold, by ``MEMORY USAGE`` (every entry of its streams counted)."""
+    return sum([await r.memory_usage(keys.room_key(room, name), samples=0) or 0 for name in ROOM_KEYS])
+
+
+async def speak(port: int, r: Redis, room: str, lines: int) -> tuple[int, int]:
+    """Speak ``lines`` lines one after another, then leave; Redis's ``used_memory`` at the end,
+    and what the room's keys hold then."""
     async with RoomClient(port, room) as client:
         for n in range(1, lines + 1):
             await client.say(LINE)
@@ -91,7 +97,7 @@ async def speak(port: int, r: Redis, room: str, lines: int) -> int:
     # Well within the TTL of the last line: the room has every key and its vx:rooms entry.
     assert await room_keys(r, room) == set(ROOM_KEYS), room
     assert await r.zscore(keys.ROOMS, room) is not None
-    return await used_memory(r)
+    return await used_memory(r), await room_bytes(r, room)
 
 
 async def keep_speaking(port: int, room: str, stop: asyncio.Event) -> int:
@@ -123,8 +129,9 @@ async def test_abandoned_rooms_leave_nothing_and_an_active_room_keeps_its_keys(l
 
         # Abandoned rooms: one line (the worker creates ``:out`` after the say), two lines, three.
         abandoned = {"lc-one": 1, "lc-two": 2, "lc-two-more": 2}
-        peaks = await asyncio.gather(*(speak(port, r, room, n) for room, n in abandoned.items()))
-        grown = max(peaks) - baseline_memory
+        spoken = await asyncio.gather(*(speak(port, r, room, n) for room, n in abandoned.items()))
+        grown = max(peak for peak, _ in spoken) - baseline_memory
+        smallest_room = min(held for _, held in spoken)
         assert grown > 300_000, grown  # the lines' 24 kHz PCM in the output streams
 
         stop = asyncio.Event()
@@ -168,9 +175,13 @@ async def test_abandoned_rooms_leave_nothing_and_an_active_room_keeps_its_keys(l
         await until(at_baseline, beyond_baseline, timeout=DEADLINE_S)
         assert await r.exists(keys.ROOMS) == 0
         left = await used_memory(r) - baseline_memory
-        # What may remain: the job stream's entries (bounded by VOXROOM_JOBS_MAXLEN), the cached
-        # script. Measured: within 10 KB of the baseline, against the 600 KB+ the rooms held.
-        assert left < 64_000, (left, grown)
+        # The keys are the baseline's; what else may remain is the job stream's and the wake
+        # stream's entries (bounded by their MAXLEN), client buffers, and the allocator's and
+        # script engine's own: 33 to 74 KB over the baseline in the runs measured (CI, and here),
+        # against 600 KB+ the rooms held. Less than the smallest room held means no room's audio
+        # is left anywhere in Redis.
+        assert left < smallest_room, f"{left} bytes over the baseline; the smallest room held {smallest_room}, " \
+                                     f"all of them {grown}"
 
 
 # -- the say script alone, against a real Redis: the cases the timing above rarely produces ---------
