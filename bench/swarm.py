@@ -3,7 +3,7 @@
 Starts a private redis-server, one synthetic worker (``--engine synthetic``: a fixed time to first
 chunk and real-time factor, so the server is measured, not a voice) with plenty of contexts, and
 one gateway; then runs ``locustfiles/voxroom_swarm.py`` headless at growing user counts (rooms of
-12, one speaker each) and reads Locust's CSV. A step *holds* when ``say->first audio`` p99 is
+12, one speaker each) and reads Locust's final stats (``--json-file``). A step *holds* when ``say->first audio`` p99 is
 within ``2 x`` the engine's own first-chunk time and nothing failed. The load generator (the
 Locust process) must stay below 80 % of one core, else the step is void: it measured Locust.
 
@@ -13,7 +13,6 @@ Locust process) must stay below 80 % of one core, else the step is void: it meas
 from __future__ import annotations
 
 import argparse
-import csv
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
+from tests.support.locust_stats import Entry, final_stats, json_file_args, total_failures  # noqa: E402
 from tests.support.processes import start_gateway, start_worker  # noqa: E402
 from voxroom.runtime.settings import Settings  # noqa: E402
 from voxroom.store.server import RedisServer  # noqa: E402
@@ -32,11 +32,11 @@ from voxroom.store.server import RedisServer  # noqa: E402
 DEFAULT_TTFC_MS = 50.0  # workers/engines/synthetic.py
 
 
-def locust_step(port: int, users: int, seconds: float, out: Path) -> tuple[dict[str, dict[str, str]], float, int]:
+def locust_step(port: int, users: int, seconds: float, out: Path) -> tuple[dict[str, Entry], float, int]:
     prefix = out / f"u{users}"
     args = [sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles" / "voxroom_swarm.py"), "--headless",
             "-u", str(users), "-r", str(max(1, users // 4)), "-t", f"{seconds:.0f}s",
-            "--host", f"ws://127.0.0.1:{port}", "--csv", str(prefix), "--only-summary", "--stop-timeout", "5",
+            "--host", f"ws://127.0.0.1:{port}", *json_file_args(prefix), "--stop-timeout", "5",
             "--loglevel", "WARNING"]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ps = psutil.Process(proc.pid)
@@ -50,8 +50,7 @@ def locust_step(port: int, users: int, seconds: float, out: Path) -> tuple[dict[
         except psutil.NoSuchProcess:
             break
     proc.wait()
-    with open(f"{prefix}_stats.csv", newline="") as fh:
-        stats = {row["Name"]: row for row in csv.DictReader(fh)}
+    stats = final_stats(prefix)
     # The busiest steady second decides: Locust is one gevent process, one core at most.
     cpu = sorted(samples)[int(0.9 * (len(samples) - 1))] if samples else float("nan")
     return stats, cpu, proc.returncode
@@ -81,13 +80,13 @@ def main() -> None:
         try:
             for users in [int(s) for s in args.steps.split(",")]:
                 stats, cpu, _rc = locust_step(port, users, args.seconds, out)
-                first = stats.get("say->first audio", {})
-                fails = int(stats["Aggregated"]["Failure Count"])
-                underrun = int(stats.get("underrun", {}).get("Request Count", 0) or 0)
-                p50, p95, p99 = (float(first.get(k) or "nan") for k in ("50%", "95%", "99%"))
+                first = stats.get("say->first audio", Entry("say->first audio"))
+                fails = total_failures(stats)
+                underrun = stats["underrun"].requests if "underrun" in stats else 0
+                p50, p95, p99 = (first.percentile(q) for q in (0.50, 0.95, 0.99))
                 void = not cpu < 80.0
                 holds = (not void) and fails == 0 and p99 <= budget
-                rows.append((users, users // 12, int(first.get("Request Count") or 0), p50, p95, p99, fails, underrun,
+                rows.append((users, users // 12, first.requests, p50, p95, p99, fails, underrun,
                              cpu, "VOID (load generator >= 80 % CPU)" if void else ("yes" if holds else "no")))
                 print(f"step {users}: {rows[-1]}", flush=True)
                 if void:  # a bigger swarm would only measure Locust harder
