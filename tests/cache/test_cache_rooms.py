@@ -14,6 +14,7 @@ from redis.asyncio import Redis
 from tests.conftest import Stack
 from tests.support.processes import start_gateway, start_worker
 from tests.support.room_client import RoomClient
+from tests.support.waiting import scaled
 from voxroom.store import keys
 from voxroom.store.server import RedisServer
 
@@ -75,7 +76,7 @@ async def test_hits_and_bytes_are_in_the_workers_metrics(stack: Stack, room: str
     finally:
         await redis.aclose()
     port = next(int(b["metrics_port"]) for b in beats if b.get("pid") == str(stack.worker.pid))
-    deadline = time.monotonic() + 8
+    deadline = time.monotonic() + scaled(30)
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
         while True:
             families = {f.name: f for f in text_string_to_metric_families((await http.get("/metrics")).text)}
@@ -89,14 +90,19 @@ async def test_hits_and_bytes_are_in_the_workers_metrics(stack: Stack, room: str
     assert sum(s.value for s in families["voxroom_cache_served_bytes"].samples) > 0
 
 
+CONTINUOUS_TTFC_MS = 3000
+
+
 async def test_a_continuous_engine_repeats_a_line_from_the_cache_without_waiting_for_it(tmp_path: Path) -> None:
     """Over real processes, with a continuous-batching engine (which starts every line at once
-    and looks it up beside): the repeat is the same samples, and it comes long before the
-    engine's 400 ms to first chunk, which the first take waited for."""
+    and looks it up beside): the repeat is the same samples, and it comes before the engine's
+    first chunk was due, which the first take waited for. The engine's time to first chunk is
+    long (3 s) so that the order holds on a busy machine: the repeat's path through gateway,
+    Redis and worker is measured in benchmarks, not bounded here."""
     with RedisServer() as redis:
         worker = start_worker(redis.url, tmp_path, engine="synthetic", contexts=1,
                               VOXROOM_SYNTHETIC_CONTINUOUS="1", VOXROOM_SYNTHETIC_MAX_BATCH="8",
-                              VOXROOM_SYNTHETIC_TTFC_MS="400", VOXROOM_CONTEXT_INFLIGHT="8")
+                              VOXROOM_SYNTHETIC_TTFC_MS=str(CONTINUOUS_TTFC_MS), VOXROOM_CONTEXT_INFLIGHT="8")
         gateway, port = start_gateway(redis.url, tmp_path)
         try:
             text = f"The mayor counts the votes {random.randint(1000, 9999)} times."
@@ -112,8 +118,8 @@ async def test_a_continuous_engine_repeats_a_line_from_the_cache_without_waiting
             assert [f.payload for f in one] == [f.payload for f in two], "the repeat is the cached samples"
             first_audio = [client.got.frame_times[client.got.frames.index(frames[0])] - t
                            for frames, t in ((one, said[0]), (two, said[1]))]
-            assert first_audio[0] >= 400, first_audio
-            assert first_audio[1] < 300, f"a hit does not wait for the engine's first chunk: {first_audio}"
+            assert first_audio[0] >= CONTINUOUS_TTFC_MS, first_audio
+            assert first_audio[1] < CONTINUOUS_TTFC_MS, f"a hit waits for no engine's first chunk: {first_audio}"
         finally:
             gateway.stop()
             worker.stop()

@@ -40,8 +40,9 @@ async def test_metrics_follow_a_speaking_room(ops_stack: OpsStack, room: str) ->
     after = await asyncio.to_thread(scrape, port)
     # ">=": a swarm test that ran before on this gateway may still have had a line in flight.
     assert value(after, "voxroom_time_to_first_audio_seconds_count") >= ttfa_before + 1
-    # The synthetic engine answers in 50 ms: the first audio is well inside the 1 s bucket.
-    assert value(after, "voxroom_time_to_first_audio_seconds_bucket", 'le="1.0"') >= ttfa_before + 1
+    # The observation is in the buckets (cumulative: the largest finite one holds every first audio
+    # under 10 s). How fast it was is for the benchmarks: a busy CI machine can take seconds.
+    assert value(after, "voxroom_time_to_first_audio_seconds_bucket", 'le="10.0"') >= ttfa_before + 1
     assert value(after, "voxroom_errors_total", 'code="empty_text"') >= 1
     frames = len(listener.got.frames) + len(speaker.got.frames)
     assert value(after, "voxroom_slices_sent_total") >= frames > 0

@@ -29,6 +29,7 @@ from tests.reliability.test_worker_faults import LoadingProxy
 from tests.support.processes import start_gateway, start_worker
 from tests.support.room_client import RoomClient
 from tests.support.stores import Stores
+from tests.support.waiting import until
 from voxroom.runtime.settings import Settings
 from voxroom.store import clients as redis_client
 from voxroom.store import keys
@@ -137,8 +138,7 @@ async def test_hub_readers_wait_out_a_redis_loading_its_data(own_redis: RedisSer
     try:
         await hub.join(client)
         proxy.loading()
-        await asyncio.sleep(3.0)
-        assert proxy.refused > 0, "the reader tried Redis while it was loading"
+        await until(lambda: proxy.refused > 0, "the reader tried Redis while it was loading", timeout=30)
         proxy.loaded()
         direct.xadd(keys.room_output("reload"), {"kind": "chunk", "seq": 1, "chunk": 0, "frame": b"audio"})
         async with asyncio.timeout(30):

@@ -33,7 +33,7 @@ from voxroom.store.replicas import check_wait
 from voxroom.store.server import RedisServer
 
 VOICE = "en-espeak"
-WAIT_TIMEOUT_MS = 3000
+WAIT_TIMEOUT_MS = 4000  # a paused replica in part 2 must be resumed within it (the gateway allows < 5 s)
 
 
 class Replicated:

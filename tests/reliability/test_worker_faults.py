@@ -104,8 +104,10 @@ async def test_a_worker_paused_past_the_claim_time_writes_nothing_more(
     # takes the line over and plays it again from its start. On SIGCONT the paused one finds
     # its writes refused by Redis and drops the line: no chunk of its old take after the new one
     # began, no second end, and it does not take the line back.
-    first = worker(own_redis.url, tmp_path, "first")
-    second = worker(own_redis.url, tmp_path, "second")
+    # A claim time of 4 s, not 1.5: the new holder refreshes its claim every third of it, and a
+    # busy machine must not stall it long enough for the resumed one to take the line back.
+    first = worker(own_redis.url, tmp_path, "first", VOXROOM_CLAIM_IDLE_MS="4000")
+    second = worker(own_redis.url, tmp_path, "second", VOXROOM_CLAIM_IDLE_MS="4000")
     paused: Proc | None = None
     try:
         await add_jobs(r, [("pause", LONG_LINE)])
@@ -115,8 +117,8 @@ async def test_a_worker_paused_past_the_claim_time_writes_nothing_more(
         paused = first if first.pid == holder_pid else second
         os.kill(paused.pid, signal.SIGSTOP)
         try:
-            # The claim time (1.5 s) and a claim pass (every 0.75 s) later, the other worker restarts it.
-            deadline = time.monotonic() + 20
+            # The claim time (4 s) and a claim pass (every 2 s) later, the other worker restarts it.
+            deadline = time.monotonic() + 40
             while not any(e.restart for e in await read_out(raw, "pause")):
                 assert time.monotonic() < deadline, "the line was not taken over"
                 await asyncio.sleep(0.1)
@@ -128,7 +130,7 @@ async def test_a_worker_paused_past_the_claim_time_writes_nothing_more(
         assert problems(got["pause"], 2) == []
         assert sum(1 for e in got["pause"] if e.kind == "start" and e.seq == 1) == 2, "one take each"
         assert (await r.xpending(keys.JOBS, keys.JOBS_GROUP))["pending"] == 0
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30
         while "is another worker's now; dropped" not in paused.log_text():
             assert time.monotonic() < deadline, paused.log_text()[-2000:]
             await asyncio.sleep(0.1)

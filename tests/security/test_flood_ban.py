@@ -45,7 +45,7 @@ def test_the_table_is_bounded_and_evicts_the_oldest_ban() -> None:
 # --- over a live gateway --------------------------------------------------------------------------
 
 FRAME_RATE, FRAME_BURST, FLOOD_CLOSE_AFTER = 20, 40, 50
-FLOOD_BAN_S = 5.0
+FLOOD_BAN_S = 10.0  # the reconnect right after the flood must come within it, on a busy machine too
 
 
 @pytest.fixture(scope="module")

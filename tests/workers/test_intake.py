@@ -201,10 +201,11 @@ async def test_a_job_another_worker_claimed_gets_no_more_writes(r: Redis, raw: R
         await asyncio.sleep(2.5)  # the old owner's publisher and its keeper both had their turn
         after = [e for e in await read_out(raw, "fenced") if e.entry_id > settled]
         assert after == [], f"the old owner still wrote {after[:3]} (claim at {claimed_at})"
-        assert worker.worker.dropped == 1
+        await until(lambda: worker.worker.dropped == 1 and worker.worker.inflight == {},
+                    lambda: f"the lost line dropped: dropped {worker.worker.dropped}, {worker.worker.inflight}",
+                    timeout=30)
         still = await r.xpending_range(keys.JOBS, keys.JOBS_GROUP, min="-", max="+", count=1)
         assert [p["consumer"] for p in still] == ["thief"], "never acked by the worker that lost it"
-        assert worker.worker.inflight == {}
     finally:
         await worker.stop()
 

@@ -48,7 +48,9 @@ async def _one_tick_of_sleepers() -> list[tuple[float, int]]:
     try:
         # Tasks started in different loop turns, due at different moments within a fraction of a
         # millisecond of each other, as rooms' slices are.
-        base = clock.now_ms() + 3 * TICK_MS
+        # Due well after the last is started (50 ticks), so that one preemption while they are
+        # being started cannot make some of them due already.
+        base = clock.now_ms() + 50 * TICK_MS
         tasks = []
         for i in range(20):
             tasks.append(asyncio.create_task(sleeper(base + (i % 4) * 0.2)))
