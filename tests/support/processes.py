@@ -14,6 +14,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 from tests.support.waiting import scaled
@@ -95,8 +96,21 @@ def start_gateway(redis_url: str, log_dir: Path, *, port: int | None = None, ins
     if insecure:
         args.append("--insecure-dev")
     proc = Proc(args, base_env(redis_url, **env), log_dir / f"gateway-{port}.log")
-    wait_http(f"http://127.0.0.1:{port}/healthz", proc=proc)
+    with _stopped_if_not_ready(proc):
+        wait_http(f"http://127.0.0.1:{port}/healthz", proc=proc)
     return proc, port
+
+
+@contextlib.contextmanager
+def _stopped_if_not_ready(proc: Proc) -> Iterator[None]:
+    """A process that died or hung while starting is stopped and its log closed before the error
+    goes up: left to the garbage collector, the open log file warned (ResourceWarning, an error
+    here) in whatever test of that pytest process came later."""
+    try:
+        yield
+    except BaseException:
+        proc.stop()
+        raise
 
 
 def start_gateways(redis_url: str, log_dir: Path, procs: list[Proc], count: int = 2, **env: str) -> list[int]:
@@ -119,10 +133,11 @@ def start_worker(redis_url: str, log_dir: Path, *, engine: str = "offline", cont
     proc = Proc([sys.executable, "-m", "voxroom_cli", "worker", "--engine", engine, "--contexts", str(contexts)],
                 base_env(redis_url, **env), log_dir / f"{name}-{time.monotonic_ns()}.log")
     deadline = time.monotonic() + scaled(60)
-    while "ready:" not in proc.log_text():
-        if not proc.alive():
-            raise RuntimeError(f"worker died while starting:\n{proc.log_text()[-3000:]}")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"worker not ready:\n{proc.log_text()[-3000:]}")
-        time.sleep(0.05)
+    with _stopped_if_not_ready(proc):
+        while "ready:" not in proc.log_text():
+            if not proc.alive():
+                raise RuntimeError(f"worker died while starting:\n{proc.log_text()[-3000:]}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"worker not ready:\n{proc.log_text()[-3000:]}")
+            time.sleep(0.05)
     return proc
