@@ -6,6 +6,7 @@ Chromium does the same from an HTTPS page in tests/browser/tls.e2e.test.mjs."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from tests.support.tls_edge import (
     template_layout,
     volumes,
 )
+from tests.support.waiting import scaled
 from voxroom.wire.protocol import ROOM_RATE
 from workers.engines.synthetic import SyntheticEngine
 
@@ -78,12 +80,13 @@ def test_compose_tls_file_renders_the_plain_site_and_the_tls_site_and_sets_every
 async def logged(edge: Edge, uri_prefix: str, count: int) -> list[dict[str, str]]:
     """The access log entries for ``uri_prefix`` once there are ``count`` (nginx writes one when a
     request ends, a WebSocket's when it closes: a moment after the client saw the end)."""
-    for _ in range(100):
+    deadline = time.monotonic() + scaled(30)
+    while time.monotonic() < deadline:
         entries = edge.connections(uri_prefix)
         if len(entries) >= count:
             return entries
         await asyncio.sleep(0.05)
-    return edge.connections(uri_prefix)
+    return edge.connections(uri_prefix)  # fewer: the caller's assertion says what was logged
 
 
 @pytest.fixture(scope="module")
