@@ -182,8 +182,11 @@ async def test_a_worker_killed_mid_line_is_replaced_and_the_line_is_spoken_whole
                 os.kill(worker.pid, signal.SIGKILL)
                 worker.popen.wait()
                 await append(speaker, 1, 3, PIECES[3])  # stored while nobody speaks the line
+                # The idle bound counts from the last piece (part 3, before the heir started): a
+                # busy machine can take the default 10 s to start the heir and show its restart,
+                # and the heir would close the line, rightly idle, before part 4 came.
                 heir = start_worker(redis.url, tmp_path, name="heir", VOXROOM_CACHE_SLOTS="0",
-                                    VOXROOM_CLAIM_IDLE_MS="1000")
+                                    VOXROOM_CLAIM_IDLE_MS="1000", VOXROOM_OPEN_LINE_IDLE_S="60")
                 await listener.wait_for(lambda g: any(s.get("restart") for s in g.of("start")), 60)
                 await append(speaker, 1, 4, PIECES[4], final=True)
                 await listener.wait_for(lambda g: bool(ends_of(g, 1)), 60)
