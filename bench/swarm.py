@@ -3,8 +3,8 @@
 Starts a private redis-server, one synthetic worker (``--engine synthetic``: a fixed time to first
 chunk and real-time factor, so the server is measured, not a voice) with plenty of contexts, and
 one gateway; then runs ``locustfiles/voxroom_swarm.py`` headless at growing user counts (rooms of
-12, one speaker each) and reads Locust's final stats (``--json-file``). A step *holds* when ``say->first audio`` p99 is
-within ``2 x`` the engine's own first-chunk time and nothing failed. The load generator (the
+12, one speaker each) and reads Locust's final stats (``--json-file``). A step *holds* when
+``say->first audio`` p99 is within ``2 x`` the engine's own first-chunk time and nothing failed. The load generator (the
 Locust process) must stay below 80 % of one core, else the step is void: it measured Locust.
 
     .venv/bin/python bench/swarm.py --steps 24,48,96,192,288 --seconds 20 --engine-ttfc-ms 200
